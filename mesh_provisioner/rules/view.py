@@ -1,0 +1,376 @@
+"""The read-only view of the bus the rules judge from, and the in-memory one with the indices they need.
+
+A `View` answers a state's value at a key with its revision, lists a state's keys (all, or one node's), and
+keeps the indices of design.md so that no rule scans every key: provision keys by node, by provider and by
+what they depend on; modules by the provision they provide; nodes by placed module. `MemoryView` is that view
+over plain dictionaries: the bus layer fills it from key-value watches, tests fill it directly. Values are
+decoded once, when they arrive; one that does not decode is kept with why, so a rule can name it (section 7).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from typing import Any, Final, Protocol, TypeVar
+
+import msgspec
+
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.rules import keys as k
+
+T = TypeVar("T")
+
+# The states of the contract (section 2 and 4), by their names on the bus.
+PLACEMENT: Final = "mesh-controller.placement"
+WANTS: Final = "mesh-assigner.wants"
+MODULES: Final = "mesh-indexer.modules"
+MANIFESTS: Final = "mesh-indexer.manifests"
+BUILDS: Final = "mesh-builder.builds"
+HAVE: Final = "node-engine.have"
+RESOLVED: Final = "mesh-config.resolved"
+ASK_RECORDS: Final = "asks.records"
+PLANS: Final = "mesh-provisioner.plans"
+PROVISIONS: Final = "mesh-provisioner.provisions"
+REFUSED: Final = "mesh-provisioner.refused"
+NEEDS: Final = "mesh-provisioner.needs"
+SEAT: Final = "mesh-provisioner.seat"
+APPLIED: Final = "mesh-provisioner.applied"
+COLLECT: Final = "mesh-provisioner.collect"
+
+# BoundReads as the seeds have it (section 2).
+DEFAULT_BOUND_READS: Final = ("gitea", "keycloak", "postgres", "route-adapter", "route-proxy", "node-tools",
+                              "mesh-vault")
+
+READS: Final = (PLACEMENT, WANTS, MODULES, MANIFESTS, BUILDS, HAVE, RESOLVED)
+OWN: Final = (PLANS, PROVISIONS, REFUSED)
+
+
+def bound(provider: str) -> str:
+    """The state a provider keeps its outcomes in: `<provider>.bound`."""
+    return provider + ".bound"
+
+
+def bucket(state: str) -> str:
+    """The key-value bucket of a state: `M.S` is `M_S` (section 1)."""
+    module, _, name = state.rpartition(".")
+    return f"{module}_{name}"
+
+
+_KINDS: Final[dict[str, type[Any]]] = {
+    PLACEMENT: r.Placement,
+    WANTS: r.Want,
+    MODULES: r.ModuleEntry,
+    MANIFESTS: r.Manifest,
+    BUILDS: r.Build,
+    HAVE: r.Have,
+    RESOLVED: r.Resolved,
+    ASK_RECORDS: r.AskRecord,
+    PLANS: r.PlanRecord,
+    PROVISIONS: r.Provision,
+    REFUSED: r.Refusal,
+    SEAT: r.Lease,
+}
+
+
+def kind_of(state: str) -> type[Any] | None:
+    """The record a state holds, None for one the rules keep as bytes."""
+    if state.endswith(".bound"):
+        return r.BoundEntry
+    return _KINDS.get(state)
+
+
+class Entry(msgspec.Struct, frozen=True):
+    """One key's value as read: its revision, the bytes, the decoded record, or why it did not decode."""
+
+    revision: int
+    raw: bytes
+    value: Any = None
+    error: str = ""
+
+    def get(self, kind: type[T]) -> T | None:
+        """The decoded value when it is a `kind`, else None (it did not decode)."""
+        return self.value if isinstance(self.value, kind) else None
+
+
+def entry_of(state: str, key: str, raw: bytes, revision: int) -> Entry:
+    """An entry of `state` at `key`, decoded once; a value that does not decode keeps why."""
+    kind = kind_of(state)
+    if kind is None:
+        return Entry(revision, raw)
+    try:
+        return Entry(revision, raw, r.decode(kind, raw, state=state, key=key))
+    except r.BadValue as err:
+        return Entry(revision, raw, None, str(err))
+
+
+class View(Protocol):
+    """What the rules read: the bus as one consistent, read-only picture, with its indices."""
+
+    bound_reads: tuple[str, ...]
+
+    def get(self, state: str, key: str) -> Entry | None:
+        """The entry at a key, None when there is none."""
+        ...
+
+    def keys(self, state: str, node: str | None = None) -> Iterable[str]:
+        """The keys of a state; with node, only that node's (section 4's and 2's first token, a want's second)."""
+        ...
+
+    def placed_on(self, module: str) -> list[str]:
+        """Every node a module is placed on, sorted."""
+        ...
+
+    def providers_of(self, provision: str) -> set[str]:
+        """Every module whose manifest at the trunk provides a provision."""
+        ...
+
+    def provided_by(self, module: str, node: str) -> set[str]:
+        """Every provision key whose provider is a module on a node."""
+        ...
+
+    def dependents(self, key: str) -> set[str]:
+        """Every provision key whose depends-on names a key."""
+        ...
+
+    def depended_on(self, node: str) -> set[str]:
+        """Every key of a node that a provision of another node depends on."""
+        ...
+
+    def needing(self, provision: str) -> set[str]:
+        """Every node with a plan that names a provision."""
+        ...
+
+
+def group_of(state: str, key: str) -> str:
+    """The node a key belongs to, for the by-node index: a want's second token, else the first."""
+    if state == WANTS:
+        parts = key.split(".")
+        return parts[1] if len(parts) == 3 else ""
+    return k.node_of(key)
+
+
+class MemoryView:
+    """The bus in memory: every state's entries and the indices the rules need, kept as changes arrive."""
+
+    def __init__(self, bound_reads: Iterable[str] = DEFAULT_BOUND_READS) -> None:
+        self.bound_reads = tuple(bound_reads)
+        self._states: dict[str, dict[str, Entry]] = defaultdict(dict)
+        self._by_node: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+        self._placed: dict[str, set[str]] = defaultdict(set)
+        self._trunk: dict[str, str] = {}  # module -> its trunk manifest id
+        self._offers: dict[str, set[str]] = {}  # module -> what its trunk manifest provides
+        self._providers: dict[str, set[str]] = defaultdict(set)  # provision -> modules
+        self._by_provider: dict[tuple[str, str], set[str]] = defaultdict(set)
+        self._dependents: dict[str, set[str]] = defaultdict(set)
+        self._deps_of_node: dict[str, set[str]] = defaultdict(set)  # node -> keys of it something depends on
+        self._needing: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+
+    # ---- reading ----------------------------------------------------------------------------------------
+
+    def get(self, state: str, key: str) -> Entry | None:
+        """The entry at a key, None when there is none."""
+        return self._states[state].get(key) if state in self._states else None
+
+    def keys(self, state: str, node: str | None = None) -> Iterable[str]:
+        """The keys of a state, or of one node's."""
+        if node is None:
+            return list(self._states.get(state, {}))
+        return list(self._by_node[state].get(node, ()))
+
+    def placed_on(self, module: str) -> list[str]:
+        """Every node a module is placed on, sorted."""
+        return sorted(self._placed.get(module, ()))
+
+    def providers_of(self, provision: str) -> set[str]:
+        """Every module whose manifest at the trunk provides a provision."""
+        return set(self._providers.get(provision, ()))
+
+    def provided_by(self, module: str, node: str) -> set[str]:
+        """Every provision key whose provider is a module on a node."""
+        return set(self._by_provider.get((module, node), ()))
+
+    def dependents(self, key: str) -> set[str]:
+        """Every provision key whose depends-on names a key."""
+        return set(self._dependents.get(key, ()))
+
+    def depended_on(self, node: str) -> set[str]:
+        """Every key of a node that a provision of another node depends on (it need not exist yet)."""
+        return {
+            dep
+            for dep in self._deps_of_node.get(node, ())
+            if any(k.node_of(u) != node for u in self._dependents.get(dep, ()))
+        }
+
+    def needing(self, provision: str) -> set[str]:
+        """Every node with a plan that names a provision."""
+        return {n for n, count in self._needing.get(provision, {}).items() if count > 0}
+
+    def states(self) -> Iterator[str]:
+        """Every state that holds a key."""
+        return iter([s for s, entries in self._states.items() if entries])
+
+    def __len__(self) -> int:
+        return sum(len(e) for e in self._states.values())
+
+    # ---- changing ---------------------------------------------------------------------------------------
+
+    def put(self, state: str, key: str, raw: bytes, revision: int) -> Entry:
+        """Keep a key's new value and bring the indices along; answers the entry as kept."""
+        entry = entry_of(state, key, raw, revision)
+        self.apply(state, key, entry)
+        return entry
+
+    def delete(self, state: str, key: str) -> Entry | None:
+        """Forget a key; answers the entry it had."""
+        return self.apply(state, key, None)
+
+    def apply(self, state: str, key: str, entry: Entry | None) -> Entry | None:
+        """Set a key to an entry (None: gone), keeping every index; answers the entry it had."""
+        table = self._states[state]
+        old = table.get(key)
+        if old is None and entry is None:
+            return None
+        self._unindex(state, key, old)
+        if entry is None:
+            del table[key]
+        else:
+            table[key] = entry
+            self._index(state, key, entry)
+        # What a module provides follows its trunk manifest: its module entry, and the manifest it names.
+        if state == MODULES:
+            module_entry = entry.get(r.ModuleEntry) if entry is not None else None
+            if module_entry is None:
+                self._trunk.pop(key, None)
+            else:
+                self._trunk[key] = module_entry.manifest
+            self._reoffer(key)
+        elif state == MANIFESTS:
+            for module in [m for m, mid in self._trunk.items() if mid == key]:
+                self._reoffer(module)
+        return old
+
+    def _index(self, state: str, key: str, entry: Entry) -> None:
+        self._by_node[state][group_of(state, key)].add(key)
+        value = entry.value
+        if isinstance(value, r.Placement):
+            for m in value.modules:
+                self._placed[m.module].add(key)
+        elif isinstance(value, r.Provision):
+            self._by_provider[(value.provider.module, value.provider.node)].add(key)
+            for dep in value.depends_on:
+                self._dependents[dep].add(key)
+                self._deps_of_node[k.node_of(dep)].add(dep)
+        elif isinstance(value, r.PlanRecord):
+            for p in value.plan.provisions:
+                self._needing[p.provision][k.node_of(key)] += 1
+
+    def _unindex(self, state: str, key: str, entry: Entry | None) -> None:
+        if entry is None:
+            return
+        group = self._by_node[state].get(group_of(state, key))
+        if group is not None:
+            group.discard(key)
+        value = entry.value
+        if isinstance(value, r.Placement):
+            for m in value.modules:
+                self._placed[m.module].discard(key)
+        elif isinstance(value, r.Provision):
+            self._by_provider[(value.provider.module, value.provider.node)].discard(key)
+            for dep in value.depends_on:
+                users = self._dependents.get(dep)
+                if users is not None:
+                    users.discard(key)
+                    if not users:
+                        del self._dependents[dep]
+                        self._deps_of_node[k.node_of(dep)].discard(dep)
+        elif isinstance(value, r.PlanRecord):
+            for p in value.plan.provisions:
+                self._needing[p.provision][k.node_of(key)] -= 1
+
+    def _reoffer(self, module: str) -> None:
+        for provision in self._offers.pop(module, ()):
+            self._providers[provision].discard(module)
+        offers = {o.name for o in self.trunk_manifest(module)[0].offers()} if module in self._trunk else set()
+        offers.discard("")
+        self._offers[module] = offers
+        for provision in offers:
+            self._providers[provision].add(module)
+
+    def trunk_manifest(self, module: str) -> tuple[r.Manifest, str]:
+        """A module's manifest at the trunk and "", or an empty one and why it cannot be read."""
+        return trunk_manifest(self, module)
+
+
+def trunk_manifest(view: View, module: str) -> tuple[r.Manifest, str]:
+    """A module's manifest at the trunk (the indexer's) and "", or an empty manifest and why it cannot be read."""
+    me = view.get(MODULES, module)
+    if me is None:
+        return r.Manifest(), f"the indexer holds no modules.{module}"
+    entry = me.get(r.ModuleEntry)
+    if entry is None:
+        return r.Manifest(), me.error
+    if not entry.manifest:
+        return r.Manifest(), f"the indexer's modules.{module} names no manifest"
+    return manifest(view, entry.manifest, module)
+
+
+def manifest(view: View, mid: str, module: str) -> tuple[r.Manifest, str]:
+    """The manifest with an id and "", or an empty manifest and why it cannot be read."""
+    e = view.get(MANIFESTS, mid)
+    if e is None:
+        return r.Manifest(), f"the indexer holds no manifest of {module} ({mid})"
+    m = e.get(r.Manifest)
+    if m is None:
+        return r.Manifest(), f"the manifest of {module} ({mid}) does not parse: {e.error}"
+    return m, ""
+
+
+class Overlay:
+    """A view with one composition's own writes laid over it, so its later judgements read its earlier ones.
+
+    Only `get` sees the writes; the indices answer as the view below does, which is what the composition
+    judged from.
+    """
+
+    def __init__(self, base: View) -> None:
+        self.base = base
+        self.bound_reads = base.bound_reads
+        self._over: dict[tuple[str, str], Entry | None] = {}
+
+    def set(self, state: str, key: str, raw: bytes | None) -> None:
+        """Lay a write over the view: a value, or None for a delete."""
+        self._over[(state, key)] = None if raw is None else entry_of(state, key, raw, 0)
+
+    def get(self, state: str, key: str) -> Entry | None:
+        """The entry at a key, with this composition's writes."""
+        if (state, key) in self._over:
+            return self._over[(state, key)]
+        return self.base.get(state, key)
+
+    def keys(self, state: str, node: str | None = None) -> Iterable[str]:
+        """The keys of the view below."""
+        return self.base.keys(state, node)
+
+    def placed_on(self, module: str) -> list[str]:
+        """As the view below."""
+        return self.base.placed_on(module)
+
+    def providers_of(self, provision: str) -> set[str]:
+        """As the view below."""
+        return self.base.providers_of(provision)
+
+    def provided_by(self, module: str, node: str) -> set[str]:
+        """As the view below."""
+        return self.base.provided_by(module, node)
+
+    def dependents(self, key: str) -> set[str]:
+        """As the view below."""
+        return self.base.dependents(key)
+
+    def depended_on(self, node: str) -> set[str]:
+        """As the view below."""
+        return self.base.depended_on(node)
+
+    def needing(self, provision: str) -> set[str]:
+        """As the view below."""
+        return self.base.needing(provision)
