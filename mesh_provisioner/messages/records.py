@@ -30,7 +30,7 @@ HEALTH_OK: Final = "ok"
 HEALTH_FAILED: Final = "failed"
 
 
-class Record(msgspec.Struct, rename="kebab", omit_defaults=True, forbid_unknown_fields=False):
+class Record(msgspec.Struct, frozen=True, rename="kebab", omit_defaults=True, forbid_unknown_fields=False):
     """A record of the bus: kebab-case, empty optional fields left out, unknown fields ignored."""
 
 
@@ -286,7 +286,7 @@ class AskRecord(Record, frozen=True):
     warrant: Warrant | None = None
 
 
-class Composed(Record):
+class Composed(msgspec.Struct, rename="kebab", omit_defaults=True):
     """What one node's composition did (section 5.2), with the seeds' field names."""
 
     node: str
@@ -298,14 +298,9 @@ class Composed(Record):
     problems: list[str] = msgspec.field(default_factory=list)
 
     def __bool__(self) -> bool:
-        """True when the composition did or said anything."""
+        """True when the composition wrote, asked or has a problem: what is logged, as the seeds log it."""
         return bool(
-            self.plans_written
-            or self.plans_removed
-            or self.provisions_changed
-            or self.retiring_asked
-            or self.modules_held
-            or self.problems
+            self.plans_written or self.plans_removed or self.provisions_changed or self.retiring_asked or self.problems
         )
 
 

@@ -140,6 +140,22 @@ class View(Protocol):
         """Every node with a plan that names a provision."""
         ...
 
+    def provided_by_module(self, module: str) -> set[str]:
+        """Every provision key whose provider is a module, on any node."""
+        ...
+
+    def nodes_naming(self, module: str) -> set[str]:
+        """Every node whose wants or haves name a module."""
+        ...
+
+    def manifest_users(self, manifest: str) -> set[str]:
+        """Every module whose registration or one of whose builds names a manifest id."""
+        ...
+
+    def key_of_ask(self, ask: str) -> str:
+        """The provision key whose `ask` is an ask id, "" when none."""
+        ...
+
 
 def group_of(state: str, key: str) -> str:
     """The node a key belongs to, for the by-node index: a want's second token, else the first."""
@@ -164,6 +180,10 @@ class MemoryView:
         self._dependents: dict[str, set[str]] = defaultdict(set)
         self._deps_of_node: dict[str, set[str]] = defaultdict(set)  # node -> keys of it something depends on
         self._needing: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self._by_provider_module: dict[str, set[str]] = defaultdict(set)
+        self._naming: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))  # module -> node -> keys
+        self._manifest_users: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+        self._asks: dict[str, str] = {}
 
     # ---- reading ----------------------------------------------------------------------------------------
 
@@ -204,6 +224,22 @@ class MemoryView:
     def needing(self, provision: str) -> set[str]:
         """Every node with a plan that names a provision."""
         return {n for n, count in self._needing.get(provision, {}).items() if count > 0}
+
+    def provided_by_module(self, module: str) -> set[str]:
+        """Every provision key whose provider is a module, on any node."""
+        return set(self._by_provider_module.get(module, ()))
+
+    def nodes_naming(self, module: str) -> set[str]:
+        """Every node whose wants or haves name a module."""
+        return {n for n, keys in self._naming.get(module, {}).items() if keys}
+
+    def manifest_users(self, manifest: str) -> set[str]:
+        """Every module whose registration or one of whose builds names a manifest id."""
+        return {m for m, keys in self._manifest_users.get(manifest, {}).items() if keys}
+
+    def key_of_ask(self, ask: str) -> str:
+        """The provision key whose `ask` is an ask id, "" when none."""
+        return self._asks.get(ask, "")
 
     def states(self) -> Iterator[str]:
         """Every state that holds a key."""
@@ -251,12 +287,17 @@ class MemoryView:
 
     def _index(self, state: str, key: str, entry: Entry) -> None:
         self._by_node[state][group_of(state, key)].add(key)
+        for index, outer, inner in self._pairs(state, key, entry):
+            index[outer][inner].add(key)
         value = entry.value
         if isinstance(value, r.Placement):
             for m in value.modules:
                 self._placed[m.module].add(key)
         elif isinstance(value, r.Provision):
             self._by_provider[(value.provider.module, value.provider.node)].add(key)
+            self._by_provider_module[value.provider.module].add(key)
+            if value.ask:
+                self._asks[value.ask] = key
             for dep in value.depends_on:
                 self._dependents[dep].add(key)
                 self._deps_of_node[k.node_of(dep)].add(dep)
@@ -270,12 +311,17 @@ class MemoryView:
         group = self._by_node[state].get(group_of(state, key))
         if group is not None:
             group.discard(key)
+        for index, outer, inner in self._pairs(state, key, entry):
+            index[outer][inner].discard(key)
         value = entry.value
         if isinstance(value, r.Placement):
             for m in value.modules:
                 self._placed[m.module].discard(key)
         elif isinstance(value, r.Provision):
             self._by_provider[(value.provider.module, value.provider.node)].discard(key)
+            self._by_provider_module[value.provider.module].discard(key)
+            if value.ask and self._asks.get(value.ask) == key:
+                del self._asks[value.ask]
             for dep in value.depends_on:
                 users = self._dependents.get(dep)
                 if users is not None:
@@ -286,6 +332,19 @@ class MemoryView:
         elif isinstance(value, r.PlanRecord):
             for p in value.plan.provisions:
                 self._needing[p.provision][k.node_of(key)] -= 1
+
+    def _pairs(self, state: str, key: str, entry: Entry) -> list[tuple[dict[str, dict[str, set[str]]], str, str]]:
+        """The two-level indices a key sits in: a want's or have's module by node; a manifest's users."""
+        parts = key.split(".")
+        if state == WANTS and len(parts) == 3:
+            return [(self._naming, parts[2], parts[1])]
+        if state == HAVE and len(parts) == 2:
+            return [(self._naming, parts[1], parts[0])]
+        if state == MODULES and isinstance(entry.value, r.ModuleEntry) and entry.value.manifest:
+            return [(self._manifest_users, entry.value.manifest, key)]
+        if state == BUILDS and isinstance(entry.value, r.Build) and entry.value.manifest and len(parts) == 2:
+            return [(self._manifest_users, entry.value.manifest, parts[0])]
+        return []
 
     def _reoffer(self, module: str) -> None:
         for provision in self._offers.pop(module, ()):
@@ -337,7 +396,7 @@ class Overlay:
         self.bound_reads = base.bound_reads
         self._over: dict[tuple[str, str], Entry | None] = {}
 
-    def set(self, state: str, key: str, raw: bytes | None) -> None:
+    def lay(self, state: str, key: str, raw: bytes | None) -> None:
         """Lay a write over the view: a value, or None for a delete."""
         self._over[(state, key)] = None if raw is None else entry_of(state, key, raw, 0)
 
@@ -374,3 +433,19 @@ class Overlay:
     def needing(self, provision: str) -> set[str]:
         """As the view below."""
         return self.base.needing(provision)
+
+    def provided_by_module(self, module: str) -> set[str]:
+        """As the view below."""
+        return self.base.provided_by_module(module)
+
+    def nodes_naming(self, module: str) -> set[str]:
+        """As the view below."""
+        return self.base.nodes_naming(module)
+
+    def manifest_users(self, manifest: str) -> set[str]:
+        """As the view below."""
+        return self.base.manifest_users(manifest)
+
+    def key_of_ask(self, ask: str) -> str:
+        """As the view below."""
+        return self.base.key_of_ask(ask)

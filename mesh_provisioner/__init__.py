@@ -1,0 +1,1 @@
+"""mesh-provisioner: the mesh's provisioner seat over NATS JetStream."""

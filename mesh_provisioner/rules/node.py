@@ -1,0 +1,305 @@
+"""Composing a node (contract 5.2, the seeds' `ComposeNode` clauses 1 to 5) and judging one key again (`Rejudge`).
+
+A node is composed twice: at the builds its wants name (its plans, what its client applies) and at the newest build
+of each module, so that a build adding a requirement has its key before its want. A provision is needed while either
+composition needs it, or while another node's provision depends on it; one no longer needed turns `retiring` and the
+operator is asked (5.4).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import msgspec
+
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.messages.writes import Write
+from mesh_provisioner.rules import keys as k
+from mesh_provisioner.rules.compose import CannotCompose, compose
+from mesh_provisioner.rules.judge import outcome
+from mesh_provisioner.rules.retire import raise_ask, retired
+from mesh_provisioner.rules.view import HAVE, PLANS, PROVISIONS, REFUSED, WANTS, View
+from mesh_provisioner.rules.writing import Writes, provision_of, same
+
+
+class Result(msgspec.Struct, frozen=True):
+    """What one node's composition did, and the writes that make it so."""
+
+    composed: r.Composed
+    writes: list[Write]
+
+
+class Judged(msgspec.Struct, frozen=True):
+    """What judging one key again said ("" when nothing changed), and its writes."""
+
+    said: str = ""
+    writes: list[Write] = []
+
+
+def wanted_on(view: View, node: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The build each want on a node names, by module; and each module whose want cannot be read, with why."""
+    wanted: dict[str, str] = {}
+    unreadable: dict[str, str] = {}
+    for key in view.keys(WANTS, node):
+        try:
+            _, module = k.parse_want_key(key)
+        except k.BadKey:
+            continue
+        e = view.get(WANTS, key)
+        if e is None:
+            continue
+        want = e.get(r.Want)
+        if want is None:
+            unreadable[module] = f"its want cannot be read: {e.error}"
+        elif want.wanted:
+            wanted[module] = want.wanted
+    return wanted, unreadable
+
+
+def running_on(view: View, node: str) -> dict[str, str]:
+    """The build each module's have on a node says it runs: what a module with no want is composed at."""
+    out: dict[str, str] = {}
+    for key in view.keys(HAVE, node):
+        try:
+            _, module = k.parse_have_key(key)
+        except k.BadKey:
+            continue
+        e = view.get(HAVE, key)
+        have = e.get(r.Have) if e is not None else None
+        if module and have is not None and have.fp:
+            out[module] = have.fp
+    return out
+
+
+def vault_node(view: View) -> str:
+    """The node mesh-vault is placed on, the first in sorted order: the provider of every credential."""
+    nodes = view.placed_on(r.VAULT_MODULE)
+    return nodes[0] if nodes else ""
+
+
+def provider_plan(view: View, p: r.PlanProvision, node: str, here: dict[str, r.Plan]) -> r.Plan | None:
+    """The plan of a provision's provider: this composition's when it is on this node, else the one in `plans`."""
+    if p.provider == node:
+        return here.get(p.provider_module)
+    e = view.get(PLANS, f"{p.provider}.{p.provider_module}")
+    kept = e.get(r.PlanRecord) if e is not None else None
+    return kept.plan if kept is not None else None
+
+
+def depends_on(consumer: r.End, p: r.PlanProvision, plan: r.Plan | None) -> tuple[str, ...]:
+    """A provision's depends-on (section 4): its credential key first, then the keys of its provider's own plan."""
+    provider = r.End(module=p.provider_module, node=p.provider)
+    out = []
+    cred = k.credential_key(p.credential, consumer, provider, p.provision, p.local)
+    if cred is not None:
+        out.append(cred)
+    for pp in plan.provisions if plan is not None else ():
+        out.append(k.provision_key(p.provider, p.provider_module, pp.provision, pp.local))
+    return tuple(out)
+
+
+def compose_node(view: View, node: str, now: datetime) -> Result:
+    """Compose one node: its refusals, its plans, and every provision either composition needs (5.2)."""
+    out = r.Composed(node=node)
+    writes = Writes(view)
+    wanted, unreadable = wanted_on(view, node)
+    # A module on the node with no want (the bus on the control node) is composed at the build its have names.
+    for module, fp in running_on(view, node).items():
+        wanted.setdefault(module, fp)
+    try:
+        at_wants = compose(writes.view, node, wanted)
+        newest = compose(writes.view, node, {})
+    except CannotCompose as err:
+        out.problems.append(str(err))
+        return Result(out, [])
+    held_at_wants = {**at_wants.held, **unreadable}
+    plans_at_wants = {m: p for m, p in at_wants.plans.items() if m not in unreadable}
+    # A module held at its wanted build has no plan composed: its last plan and provisions are kept, said in
+    # `refused`. One held at its newest build alone keeps its plan at its want.
+    out.modules_held = dict(sorted(held_at_wants.items()))
+    for module in sorted(newest.held):
+        if module not in held_at_wants:
+            out.problems.append(f"{module} at its newest build is not composed: {newest.held[module]}")
+    _write_refused(writes, node, held_at_wants, now, out)
+    _write_plans(writes, node, plans_at_wants, held_at_wants, out)
+
+    needed: dict[str, r.Provision] = {}
+    elsewhere: dict[str, r.Provision] = {}
+    vault = vault_node(view)
+    for plans in (plans_at_wants, newest.plans):
+        for module, plan in sorted(plans.items()):
+            consumer = r.End(module=module, node=node)
+            for p in plan.provisions:
+                provider = r.End(module=p.provider_module, node=p.provider)
+                try:
+                    deps = depends_on(consumer, p, provider_plan(writes.view, p, node, plans_at_wants))
+                    key = k.provision_key(node, module, p.provision, p.local)
+                    cred = k.credential_key(p.credential, consumer, provider, p.provision, p.local)
+                except k.BadKey as err:
+                    out.problems.append(str(err))
+                    continue
+                needed.setdefault(key, r.Provision(
+                    provision=p.provision, local=p.local, consumer=consumer, provider=provider, depends_on=deps,
+                ))
+                # Its credential is a provision of its own, the vault's: on the consumer's node for a value of
+                # the consumer's own, on the provider's for the provider's one shared value.
+                if cred is None:
+                    continue
+                if not vault:
+                    out.problems.append(f"no node runs mesh-vault, so the credential {cred} has no provider")
+                    continue
+                cnode, cmodule, cprovision, clocal = k.parse_provision_key(cred)
+                credential = r.Provision(
+                    provision=cprovision, local=clocal, consumer=r.End(module=cmodule, node=cnode),
+                    provider=r.End(module=r.VAULT_MODULE, node=vault),
+                )
+                if cnode == node:
+                    needed.setdefault(cred, credential)
+                else:
+                    elsewhere[cred] = credential
+    _judge_elsewhere(writes, elsewhere, now, out)
+    _judge_node(writes, node, needed, held_at_wants, now, out)
+    return Result(out, writes.done(first_node=node))
+
+
+def _write_refused(writes: Writes, node: str, held: dict[str, str], now: datetime, out: r.Composed) -> None:
+    """Keep why each held module of the node is held; delete the refusal of one that composes again."""
+    for module, why in sorted(held.items()):
+        try:
+            key = k.plan_key(node, module)
+        except k.BadKey as err:
+            out.problems.append(str(err))
+            continue
+        e = writes.view.get(REFUSED, key)
+        was = e.get(r.Refusal) if e is not None else None
+        if was is not None and was.why == why:
+            continue
+        writes.put(REFUSED, key, r.encode(r.Refusal(node=node, module=module, why=why, since=now)))
+    for key in sorted(writes.view.keys(REFUSED, node)):
+        if key.partition(".")[2] not in held:
+            writes.delete(REFUSED, key)
+
+
+def _write_plans(
+    writes: Writes, node: str, plans: dict[str, r.Plan], held: dict[str, str], out: r.Composed
+) -> None:
+    """Write each plan that differs; delete the node's plans of modules no longer composed, a held one's kept."""
+    for module, plan in sorted(plans.items()):
+        try:
+            key = k.plan_key(node, module)
+        except k.BadKey as err:
+            out.problems.append(str(err))
+            continue
+        raw = r.encode(r.PlanRecord(node=node, module=module, plan=plan))
+        e = writes.view.get(PLANS, key)
+        if e is not None and e.raw == raw:
+            continue
+        writes.put(PLANS, key, raw)
+        out.plans_written.append(key)
+    for key in sorted(writes.view.keys(PLANS, node)):
+        module = key.partition(".")[2]
+        if module in plans or module in held:
+            continue
+        writes.delete(PLANS, key)
+        out.plans_removed.append(key)
+
+
+def _judge_elsewhere(writes: Writes, needed: dict[str, r.Provision], now: datetime, out: r.Composed) -> None:
+    """Judge each needed key of another node (a provider's shared credential); that node keeps it while needed."""
+    for key, want in sorted(needed.items()):
+        have, _ = provision_of(writes.view, key)
+        kept = want if have is None else msgspec.structs.replace(want, reference=have.reference)
+        nxt = outcome(writes.view, key, kept)
+        if have is not None and same(have, nxt):
+            continue
+        writes.provision(key, nxt, now)
+        out.provisions_changed.append(f"{key} {nxt.state}")
+
+
+def _judge_node(
+    writes: Writes,
+    node: str,
+    needed: dict[str, r.Provision],
+    held_modules: dict[str, str],
+    now: datetime,
+    out: r.Composed,
+) -> None:
+    """Bring the node's keys to what is needed and what each provider said; retire the rest, asking first."""
+    view = writes.view
+    kept: dict[str, r.Provision] = {}
+    for key in view.keys(PROVISIONS, node):
+        p, _ = provision_of(view, key)
+        if p is None:
+            continue
+        # A key of a module held on the node that its composition no longer names is left as it is: not
+        # composed is not unneeded.
+        if key not in needed and p.consumer.node == node and p.consumer.module in held_modules:
+            continue
+        kept[key] = p
+    # A key of this node that another node's provision depends on stays needed (a provider's shared
+    # credential, or a provider's own needs while a consumer elsewhere depends on them).
+    for dep in view.depended_on(node):
+        if dep in kept and dep not in needed:
+            needed[dep] = msgspec.structs.replace(kept[dep], state="", why="", ask="", warrant=None)
+    for key in sorted(needed.keys() | kept.keys()):
+        have = kept.get(key)
+        if key in needed:
+            nxt = needed[key]
+            if have is not None:
+                nxt = msgspec.structs.replace(nxt, reference=have.reference)
+            nxt = outcome(view, key, nxt)
+        elif have is not None and have.state == r.RETIRING:
+            nxt = have
+            if not nxt.ask and nxt.warrant is None:
+                nxt = _ask(key, nxt, now, out)
+            gone = retired(view, key, have)
+            if gone:
+                writes.delete(PROVISIONS, key)
+                out.provisions_changed.append(f"{key} (retired: {gone})")
+                continue
+        else:
+            assert have is not None
+            nxt = msgspec.structs.replace(
+                have,
+                state=r.RETIRING,
+                why=(
+                    f"no build wanted or placed on {node} requires {have.provision} of {have.provider.module} "
+                    f"on {have.provider.node} any more"
+                ),
+                ask="",
+                warrant=None,
+            )
+            nxt = _ask(key, nxt, now, out)
+        if have is not None and same(have, nxt):
+            continue
+        writes.provision(key, nxt, now)
+        out.provisions_changed.append(f"{key} {nxt.state}")
+
+
+def _ask(key: str, p: r.Provision, now: datetime, out: r.Composed) -> r.Provision:
+    """A retiring key with its ask raised, said in the report; a problem when the ask may not be raised."""
+    asked, why = raise_ask(key, p, now)
+    if why:
+        out.problems.append(why)
+    elif asked.ask != p.ask:
+        out.retiring_asked.append(key)
+    return asked
+
+
+def rejudge(view: View, key: str, now: datetime) -> Judged:
+    """Set one key's state again from its provider's outcome; a retiring key whose provider let it go is deleted."""
+    have, _ = provision_of(view, key)
+    if have is None:
+        return Judged()
+    writes = Writes(view)
+    if have.state == r.RETIRING:
+        gone = retired(view, key, have)
+        if not gone:
+            return Judged()
+        writes.delete(PROVISIONS, key)
+        return Judged(f"{key} retired: {gone}", writes.done())
+    nxt = outcome(view, key, have)
+    if same(have, nxt):
+        return Judged()
+    writes.provision(key, nxt, now)
+    return Judged(f"{key} {nxt.state}", writes.done())

@@ -1,0 +1,86 @@
+"""What one judgement writes: each key's put or delete, against the revision the view had, in order.
+
+Later judgements of the same composition read its earlier writes (an `Overlay`), so a credential judged first is
+seen by the key that depends on it; the revision each write carries is always the one of the view below, which
+is what a compare-and-set checks (design.md, "Functional core").
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.messages.writes import Delete, Put, Write
+from mesh_provisioner.rules.view import PROVISIONS, Overlay, View
+
+PROVISION_VERSION = 1
+
+
+class Writes:
+    """One judgement's writes over a view, each key once, the latest word for it kept."""
+
+    def __init__(self, base: View) -> None:
+        self.base = base
+        self.view = Overlay(base)
+        self._writes: dict[tuple[str, str], Write] = {}
+
+    def put(self, state: str, key: str, value: bytes) -> None:
+        """Set a key, judged against the revision the view below has (0: none, so it is created)."""
+        have = self.base.get(state, key)
+        self._writes[(state, key)] = Put(state, key, value, have.revision if have else 0)
+        self.view.lay(state, key, value)
+
+    def delete(self, state: str, key: str) -> None:
+        """Delete a key the view below has; one this judgement only put is simply not written."""
+        have = self.base.get(state, key)
+        if have is None:
+            self._writes.pop((state, key), None)
+        else:
+            self._writes[(state, key)] = Delete(state, key, have.revision)
+        self.view.lay(state, key, None)
+
+    def provision(self, key: str, p: r.Provision, now: datetime) -> r.Provision:
+        """Write a provision stamped with the time and the record's version; answers it as written."""
+        stamped = msgspec.structs.replace(p, at=now, v=PROVISION_VERSION)
+        self.put(PROVISIONS, key, r.encode(stamped))
+        return stamped
+
+    def done(self, first_node: str | None = None) -> list[Write]:
+        """The writes in the order judged; with first_node, that node's own keys first.
+
+        A composition writes its own node's keys before another node's (a provider's shared credential), so that
+        the key depending on a credential exists before the credential's node can judge it unneeded.
+        """
+        writes = list(self._writes.values())
+        if first_node is None:
+            return writes
+        own = [w for w in writes if w.key.split(".", 1)[0] == first_node or w.state != PROVISIONS]
+        return own + [w for w in writes if w not in own]
+
+
+def same(a: r.Provision, b: r.Provision) -> bool:
+    """Whether two provisions say the same, `at` and `v` aside (section 4)."""
+    return msgspec.structs.replace(a, at=None, v=0) == msgspec.structs.replace(b, at=None, v=0)
+
+
+def said(*words: str) -> str:
+    """The first of the words that says something (the seeds' orSaid)."""
+    return next((w for w in words if w.strip()), "")
+
+
+def provision_of(view: View, key: str) -> tuple[r.Provision | None, str]:
+    """The provision kept at a key and "", or None and why it cannot be read ("" when there is none)."""
+    e = view.get(PROVISIONS, key)
+    if e is None:
+        return None, ""
+    p = e.get(r.Provision)
+    return p, "" if p is not None else e.error
+
+
+def value_of(view: View, kind: type[Any], state: str, key: str) -> Any:
+    """The decoded value at a key, None when there is none or it does not decode."""
+    e = view.get(state, key)
+    return e.get(kind) if e is not None else None
