@@ -63,7 +63,9 @@ def outcome(view: View, key: str, p: r.Provision) -> r.Provision:
         )
     e = view.get(bound(p.provider.module), key)
     if e is None:
-        return _asked(p, unread(view, p.provider.module))
+        # Every asked key says why (design.md, property 2): the helper cannot hear the seat, or has not answered.
+        module = p.provider.module
+        return _asked(p, unread(view, module) or f"waits for {module} to answer: its entries hold nothing for {key} yet")
     en = e.get(r.BoundEntry)
     if en is None:
         return _asked(p, f"the provider's entry is not readable: {e.error}")
