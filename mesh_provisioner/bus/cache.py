@@ -1,0 +1,442 @@
+"""The watched cache: every bucket the rules read, kept in memory by key-value watches (an informer).
+
+Compositions read memory, not the network (design.md). The cache owns a `MemoryView` and fills it from one
+key-value watch per state: the states the rules read (contract section 2: `READS`, each BoundReads provider's
+`<provider>.bound`, `asks.records`) and the seat's own (section 4, `OWN`). Each watch first loads the bucket's
+current values, then follows its changes; every change it applies is told to a listener.
+
+- A bucket that does not exist yet is waited for (section 2): logged once, retried with backoff and woken at
+  once by JetStream's stream-created advisory. It never stops the seat.
+- After a reconnect every watch is made again (nats-py's watchers can go silent after a server restart): the
+  old watcher is stopped and its consumer deleted, the bucket's current values are loaded anew and reconciled
+  with memory, so that changes made while the seat was away arrive as changes.
+- A writer puts its own successful write in at once (`note_written`, read your writes); nothing goes backwards:
+  a change whose revision is not newer than what the cache holds for its key is ignored.
+- A value that does not decode is kept with why (section 7); nothing a watch reads stops it.
+
+The view is changed only on the loop's thread; other threads read it as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Final
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue, StopIterSentinel
+
+from mesh_provisioner.bus.connection import link, open_bucket, stream_of
+from mesh_provisioner.rules.view import (
+    ASK_RECORDS,
+    DEFAULT_BOUND_READS,
+    OWN,
+    READS,
+    Entry,
+    MemoryView,
+    bound,
+    bucket,
+    entry_of,
+)
+
+log = logging.getLogger("mesh_provisioner.bus.cache")
+
+Listener = Callable[[str, str, Entry | None, Entry | None], None]
+"""Told each change the cache applies: `(state, key, old entry or None, new entry or None)`."""
+
+_ADVISORIES: Final = "$JS.EVENT.ADVISORY.STREAM.>"
+# A consumer of a watch nobody listens to any more is reaped by the server after this long, should deleting
+# it have failed (the connection was down when the watch was dropped).
+_INACTIVE_THRESHOLD: Final = 30.0
+
+
+def watched_states(bound_reads: Iterable[str] = DEFAULT_BOUND_READS) -> tuple[str, ...]:
+    """Every state the cache watches: what the rules read (section 2) and the seat's own (section 4)."""
+    return (*READS, *(bound(p) for p in bound_reads), ASK_RECORDS, *OWN)
+
+
+def _content(entry: KeyValue.Entry) -> tuple[bytes | None, int]:
+    """A watched entry's value (None: a delete or purge marker, section 2's "no key") and its revision."""
+    deleted = entry.operation in (KV_DEL, KV_PURGE)
+    return (None if deleted else entry.value or b""), entry.revision or 0
+
+
+class Cache:
+    """The bus in memory: one key-value watch per state fills a MemoryView, and each change is told on."""
+
+    def __init__(
+        self,
+        nc: Client,
+        *,
+        bound_reads: Iterable[str] = DEFAULT_BOUND_READS,
+        states: Iterable[str] | None = None,
+        on_change: Listener | None = None,
+        on_resync: Callable[[], None] | None = None,
+        backoff: tuple[float, float] = (0.05, 5.0),
+        poll_missing: float = 30.0,
+        load_timeout: float = 10.0,
+    ) -> None:
+        """A cache over `nc`'s buckets; `states` defaults to `watched_states(bound_reads)`. Call `start()`.
+
+        `on_change` is told every change applied, `on_resync` each time a resync has loaded every bucket again;
+        both are called on the loop and must not block.
+
+        A watch that fails is made again after `backoff` (first, most) seconds, doubling. A missing bucket is
+        looked for again on the same backoff up to `poll_missing` seconds, but JetStream's advisory of its
+        creation wakes its watch at once. `load_timeout` bounds the wait for each value of a bucket's first load.
+        """
+        self.view = MemoryView(bound_reads)
+        self.states = tuple(states) if states is not None else watched_states(self.view.bound_reads)
+        self.on_change = on_change
+        self.on_resync = on_resync
+        self.resyncs = 0
+        self._nc = nc
+        self._js = nc.jetstream()
+        self._link = link(nc)
+        self._backoff = backoff
+        self._poll_missing = poll_missing
+        self._load_timeout = load_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._watchers: dict[str, KeyValue.KeyWatcher] = {}  # each state's current watch, once it follows
+        self._latest: dict[str, int] = {}  # each state's newest revision its watch delivered
+        self._gone: dict[str, dict[str, int]] = defaultdict(dict)  # deleted keys' revisions, so none comes back
+        self._floor: dict[str, int] = {}  # per state: every revision up to it is in memory already
+        self._loading: set[str] = set()
+        self._loaded = asyncio.Event()
+        self._synced = False
+        self._created: dict[str, asyncio.Event] = {}
+        self._advisories: Subscription | None = None
+        self._resync_task: asyncio.Task[None] | None = None
+
+    # ---- the cache's life -------------------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        """Whether every bucket that exists has had its values loaded once."""
+        return self._synced
+
+    @property
+    def requests(self) -> int:
+        """How many requests the bus layer has sent on this cache's connection so far."""
+        return self._link.requests
+
+    async def start(self) -> None:
+        """Start every watch; returns at once (see `wait_synced`). Runs on the loop that owns the connection."""
+        self._loop = asyncio.get_running_loop()
+        self._loading = set(self.states)
+        self._loaded.clear()
+        self._advisories = await self._nc.subscribe(_ADVISORIES, cb=self._advisory)
+        self._link.on_reconnected(self._reconnected)
+        for state in self.states:
+            self._restart(state)
+
+    async def wait_synced(self, timeout: float | None = None) -> None:
+        """Wait until every existing bucket's values are loaded; TimeoutError past `timeout` seconds."""
+        if not self._synced:
+            await asyncio.wait_for(self._loaded.wait(), timeout)
+
+    async def resync(self) -> None:
+        """Watch every bucket again from scratch and reconcile memory with it; returns once all are loaded.
+
+        Called after each reconnect (a watcher may have gone silent across a server restart); usable by hand.
+        """
+        self.resyncs += 1
+        log.info("watching every bucket again (resync %d)", self.resyncs)
+        self._loading = set(self.states)
+        self._loaded.clear()
+        for state in self.states:
+            self._restart(state)
+        await self._loaded.wait()
+        log.info("resync %d done: %d keys", self.resyncs, len(self.view))
+        if self.on_resync is not None:
+            try:
+                self.on_resync()
+            except Exception:
+                log.exception("the resync listener failed")
+
+    async def caught_up(self) -> bool:
+        """Whether every change JetStream holds of every watched bucket has been applied to memory now.
+
+        Asks each watch's consumer what it has delivered (one request per bucket): false while a bucket loads,
+        while its consumer has more to deliver, or while what it delivered waits to be applied.
+        """
+        if self._loading:
+            return False
+        for state, watcher in list(self._watchers.items()):
+            sub = watcher._sub  # nats-py's watcher has no public handle on its consumer
+            if sub is None:
+                return False
+            try:
+                info = await sub.consumer_info()
+            except (nats.errors.Error, TimeoutError):
+                return False
+            delivered = info.delivered.stream_seq if info.delivered is not None else 0
+            if info.num_pending or self._latest.get(state, 0) < delivered:
+                return False
+        return True
+
+    async def refresh(self, state: str, key: str) -> None:
+        """Read one key's current value from the bus into memory now, as after a conflict (one request).
+
+        The watch would bring it too; this does not wait for it. Never backwards: an older value is ignored.
+        """
+        if state not in self.states:
+            return
+        try:
+            kv, _ = await open_bucket(self._js, state)
+            found = await kv.get(key)
+        except nats.js.errors.KeyNotFoundError as err:
+            entry = getattr(err, "entry", None)
+            if isinstance(entry, KeyValue.Entry) and entry.revision:
+                self._receive(state, key, None, entry.revision)  # deleted, at the marker's revision
+            elif (held := self.view.get(state, key)) is not None:
+                self._set(state, key, None, held.revision)  # purged: no revision says when
+            return
+        except nats.js.errors.BucketNotFoundError:
+            self._reconcile(state, {}, None)
+            return
+        self._receive(state, key, found.value or b"", found.revision or 0)
+
+    async def stop(self) -> None:
+        """Stop every watch and delete its consumer; the view keeps what it holds."""
+        self._link.remove_listener(self._reconnected)
+        tasks = list(self._tasks.values())
+        if self._resync_task is not None:
+            tasks.append(self._resync_task)
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # each watch stops its watcher as it ends
+        if self._advisories is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self._advisories.unsubscribe()
+            self._advisories = None
+
+    # ---- read your writes -------------------------------------------------------------------------------
+
+    def note_written(self, state: str, key: str, raw: bytes | None, revision: int) -> None:
+        """Keep a write this seat made (None: a delete) at its new revision, unless the cache holds a newer one.
+
+        On another thread than the loop's, the change is handed to the loop. A state not watched is ignored.
+        """
+        if state not in self.states:
+            return
+        loop = self._loop
+        if loop is not None and not _on(loop):
+            loop.call_soon_threadsafe(self._receive, state, key, raw, revision)
+            return
+        self._receive(state, key, raw, revision)
+
+    # ---- one watch per state ----------------------------------------------------------------------------
+
+    def _restart(self, state: str) -> None:
+        """(Re)start a state's watch: the one running is cancelled, and the new one begins once it has ended."""
+        old = self._tasks.get(state)
+        if old is not None:
+            old.cancel()
+        self._tasks[state] = asyncio.create_task(self._session(state, old), name=f"watch {state}")
+
+    async def _session(self, state: str, after: asyncio.Task[None] | None = None) -> None:
+        """Watch one state for ever: open its bucket (waiting while there is none), load it, follow it."""
+        if after is not None:
+            await asyncio.gather(after, return_exceptions=True)  # its watcher is stopped before this one starts
+        name = bucket(state)
+        delay = self._backoff[0]
+        waiting = False
+        while True:
+            created = self._created.setdefault(stream_of(state), asyncio.Event())
+            created.clear()
+            try:
+                kv, info = await open_bucket(self._js, state)
+            except nats.js.errors.BucketNotFoundError:
+                # Contract section 2: a missing bucket is waited for, never an error that stops the seat.
+                if not waiting:
+                    log.info("bucket %s does not exist yet; waiting for it", name)
+                    waiting = True
+                self._reconcile(state, {}, None)  # no bucket: no keys
+                self._done_loading(state)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(created.wait(), delay)
+                delay = min(delay * 2, self._poll_missing)
+                continue
+            except Exception as err:
+                log.warning("cannot open bucket %s (%s: %s); trying again in %.2f s",
+                            name, type(err).__name__, err, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._backoff[1])
+                continue
+            if waiting:
+                log.info("bucket %s exists now", name)
+                waiting = False
+            watcher = None
+            try:
+                watcher = await kv.watchall(inactive_threshold=_INACTIVE_THRESHOLD)
+                await self._load(state, watcher, info.state.last_seq)
+                delay = self._backoff[0]
+                self._watchers[state] = watcher
+                await self._follow(state, watcher)
+                log.warning("the watch of %s ended; watching again in %.2f s", name, delay)
+            except Exception as err:
+                log.warning("the watch of %s failed (%s: %s); watching again in %.2f s",
+                            name, type(err).__name__, err, delay)
+            finally:
+                if self._watchers.get(state) is watcher:
+                    del self._watchers[state]
+                if watcher is not None:
+                    # Shielded: a second cancel while it runs must not leave the consumer behind.
+                    await asyncio.shield(self._drop(state, watcher))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._backoff[1])
+
+    async def _load(self, state: str, watcher: KeyValue.KeyWatcher, last: int) -> None:
+        """Read the bucket's current values through a new watch and reconcile memory with them.
+
+        `last` is the stream's last revision from just before the watch started: everything up to it is in the
+        values the watch delivers first, up to its marker.
+        """
+        snapshot: dict[str, KeyValue.Entry] = {}
+        while True:
+            update = await watcher.updates(timeout=self._load_timeout)  # type: ignore[no-untyped-call]
+            if update is None:
+                break  # the watch's marker: every current value has come
+            if isinstance(update, StopIterSentinel):
+                raise RuntimeError(f"the watch of {bucket(state)} was stopped while loading")
+            snapshot[update.key] = update
+        self._latest[state] = max([last, *(e.revision or 0 for e in snapshot.values())])
+        self._reconcile(state, {k: _content(e) for k, e in snapshot.items()}, last)
+        self._done_loading(state)
+
+    async def _follow(self, state: str, watcher: KeyValue.KeyWatcher) -> None:
+        """Apply a watch's changes as they come, until it is stopped."""
+        async for update in watcher:
+            if update is not None:
+                raw, revision = _content(update)
+                self._receive(state, update.key, raw, revision)
+                self._latest[state] = max(self._latest.get(state, 0), revision)
+
+    async def _drop(self, state: str, watcher: KeyValue.KeyWatcher) -> None:
+        """Stop a watcher and delete its consumer, so that no consumer is left behind."""
+        # nats-py keeps the ordered consumer's current name on the subscription; it has no public getter.
+        consumer = getattr(watcher._sub, "_consumer", None)
+        try:
+            await watcher.stop()  # type: ignore[no-untyped-call]
+        except nats.errors.Error as err:
+            log.debug("stopping the watch of %s: %s", bucket(state), err)
+        if isinstance(consumer, str) and self._nc.is_connected:
+            try:
+                await self._js.delete_consumer(stream_of(state), consumer)
+            except (nats.errors.Error, TimeoutError) as err:
+                log.debug("deleting the watch consumer %s of %s: %s", consumer, bucket(state), err)
+
+    def _done_loading(self, state: str) -> None:
+        """Note that a state's bucket is loaded (or missing); once all are, the cache is synced."""
+        self._loading.discard(state)
+        if not self._loading and not self._loaded.is_set():
+            self._loaded.set()
+            if not self._synced:
+                self._synced = True
+                log.info("cache synced: %d keys in %d states", len(self.view), len(self.states))
+
+    async def _advisory(self, msg: Msg) -> None:
+        """JetStream's stream advisories: a bucket created wakes its waiting watch, one deleted restarts it."""
+        tokens = msg.subject.split(".")
+        action, stream = (tokens[4], tokens[5]) if len(tokens) == 6 else ("", "")
+        if action == "CREATED" and stream in self._created:
+            self._created[stream].set()
+        elif action == "DELETED":
+            for state in self.states:
+                if stream_of(state) == stream and state in self._tasks:
+                    log.info("bucket %s was deleted", bucket(state))
+                    self._restart(state)
+
+    def _reconnected(self) -> None:
+        """After a reconnect, watch everything again in the background (the listener must not block)."""
+        if self._resync_task is not None and not self._resync_task.done():
+            self._resync_task.cancel()
+        self._resync_task = asyncio.create_task(self.resync(), name="cache resync")
+
+    # ---- applying changes -------------------------------------------------------------------------------
+
+    def _held(self, state: str, key: str) -> int:
+        """The revision the cache holds for a key, kept or deleted; 0 when none."""
+        entry = self.view.get(state, key)
+        return entry.revision if entry is not None else self._gone[state].get(key, 0)
+
+    def _receive(self, state: str, key: str, raw: bytes | None, revision: int) -> None:
+        """Apply one change unless the cache already holds its revision or a newer one (never backwards).
+
+        Nor one at or below the state's floor: the last load already holds every change up to it, so such a
+        change (a write's own note arriving after a reload, say) can only be older than what memory says.
+        """
+        if revision <= max(self._held(state, key), self._floor.get(state, 0)):
+            return
+        self._set(state, key, raw, revision)
+
+    def _reconcile(self, state: str, snapshot: dict[str, tuple[bytes | None, int]], last: int | None) -> None:
+        """Make memory say what a freshly loaded bucket says, telling each key that changed.
+
+        A key whose revision is the same is left alone. A key the cache holds at a revision past `last` was
+        written by this seat after the snapshot was taken: it stays, and the watch brings whatever follows it.
+        `last` None: the bucket is gone, and so is every key.
+        """
+        for key, (raw, revision) in snapshot.items():
+            held = self._held(state, key)
+            if revision == held or (last is not None and held > last and revision < held):
+                continue
+            self._set(state, key, raw, revision)
+        for key in self.view.keys(state):
+            if key in snapshot:
+                continue
+            entry = self.view.get(state, key)
+            if entry is not None and last is not None and entry.revision > last:
+                continue
+            self._set(state, key, None, last or 0)
+        # From now on a change at or below `last` is old news; a deleted key's revision matters only above it.
+        # (The stream's last revision only grows, unless the bucket was made anew: then it is the new one's.)
+        self._floor[state] = last or 0
+        gone = self._gone[state]
+        for key in [k for k, rev in gone.items() if last is None or rev <= last]:
+            del gone[key]
+
+    def _set(self, state: str, key: str, raw: bytes | None, revision: int) -> None:
+        """Set a key in the view (None: delete it) and tell the listener; a bad key or value is logged."""
+        if raw is None:
+            if revision > 0:
+                self._gone[state][key] = revision
+        else:
+            self._gone[state].pop(key, None)
+        try:
+            new = None if raw is None else entry_of(state, key, raw, revision)
+            old = self.view.apply(state, key, new)
+        except Exception:
+            # Contract section 7: nothing the seat reads can crash it.
+            log.exception("could not keep %s %s at revision %d", state, key, revision)
+            return
+        if new is not None and new.error:
+            log.warning("%s", new.error)
+        if old is None and new is None:
+            return
+        listener = self.on_change
+        if listener is not None:
+            try:
+                listener(state, key, old, new)
+            except Exception:
+                log.exception("the change listener failed on %s %s", state, key)
+
+
+def _on(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether the calling thread runs `loop`."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+

@@ -1,0 +1,180 @@
+"""The NATS connection of the seat: made to reconnect forever, and the buckets of its own states.
+
+`connect` makes a client that never gives up on the server and logs each disconnect and reconnect. What the bus
+layer keeps beside a client (`Link`: its count of requests, and who listens for reconnects) works for a client
+the host made too: `link(nc)` makes it on first use, and a host that made its own client calls
+`link(nc).reconnected()` from its own reconnected callback.
+
+`ensure_buckets` creates the key-value buckets of the seat's own states (contract section 4) when they are
+missing. The buckets the seat reads (section 2) belong to other modules and are never created here: a missing one
+is waited for (see `cache.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Final
+
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext, api
+from nats.js.kv import KeyValue
+
+from mesh_provisioner.rules.view import NEEDS, PLANS, PROVISIONS, REFUSED, SEAT, bucket
+
+log = logging.getLogger("mesh_provisioner.bus.connection")
+
+# The seat's own states, whose buckets the seat creates (contract section 4).
+SEAT_STATES: Final = (PLANS, PROVISIONS, REFUSED, NEEDS, SEAT)
+# The lease time of the seat, the max age of its lease bucket (contract section 8).
+LEASE_SECONDS: Final = 15.0
+
+_STREAM_NAME_IN_USE: Final = 10058  # JSStreamNameExistErr: someone created the bucket first
+
+
+def stream_of(state: str) -> str:
+    """The JetStream stream that holds a state's bucket: `KV_<bucket>`."""
+    return f"KV_{bucket(state)}"
+
+
+class Link:
+    """What the bus layer keeps beside one NATS client: how many requests went out, and who hears reconnects."""
+
+    def __init__(self, nc: Client) -> None:
+        """Start counting the client's requests (every JetStream call is one) and keep no listener yet."""
+        self.requests = 0
+        self.reconnects = 0
+        self._listeners: list[Callable[[], None]] = []
+        request = nc.request
+
+        async def counted(*args: Any, **kwargs: Any) -> Msg:
+            self.requests += 1
+            return await request(*args, **kwargs)
+
+        nc.request = counted  # type: ignore[method-assign]
+
+    def on_reconnected(self, listener: Callable[[], None]) -> None:
+        """Call `listener` on the loop after each reconnect; it must not block (it may start a task)."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        """Stop calling a listener; one that was never added is ignored."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    async def reconnected(self) -> None:
+        """Tell every listener the client is connected again; a listener that raises is logged and skipped."""
+        self.reconnects += 1
+        for listener in list(self._listeners):
+            try:
+                listener()
+            except Exception:
+                log.exception("a reconnect listener failed")
+
+
+_links: weakref.WeakKeyDictionary[Client, Link] = weakref.WeakKeyDictionary()
+
+
+def link(nc: Client) -> Link:
+    """The Link of a client, made (and its requests counted from then on) on first use."""
+    found = _links.get(nc)
+    if found is None:
+        found = _links[nc] = Link(nc)
+    return found
+
+
+Callback = Callable[[], Awaitable[None]]
+
+
+async def connect(servers: list[str], **options: Any) -> Client:
+    """A client connected to `servers` that reconnects forever, logs its disconnects and tells its Link.
+
+    `options` go to nats-py's `Client.connect`; callbacks given there are called after this module's own.
+    """
+    nc = Client()
+    tie = link(nc)
+    theirs_disconnected: Callback | None = options.pop("disconnected_cb", None)
+    theirs_reconnected: Callback | None = options.pop("reconnected_cb", None)
+    theirs_closed: Callback | None = options.pop("closed_cb", None)
+    theirs_error: Callable[[Exception], Awaitable[None]] | None = options.pop("error_cb", None)
+
+    async def disconnected() -> None:
+        if not nc.is_closed:
+            log.warning("disconnected from NATS; reconnecting")
+        if theirs_disconnected is not None:
+            await theirs_disconnected()
+
+    async def reconnected() -> None:
+        log.warning("reconnected to NATS at %s", nc.connected_url.netloc if nc.connected_url else "?")
+        await tie.reconnected()
+        if theirs_reconnected is not None:
+            await theirs_reconnected()
+
+    async def closed() -> None:
+        log.info("the NATS connection is closed")
+        if theirs_closed is not None:
+            await theirs_closed()
+
+    async def error(err: Exception) -> None:
+        log.info("NATS: %s", err or type(err).__name__)
+        if theirs_error is not None:
+            await theirs_error(err)
+
+    options.setdefault("max_reconnect_attempts", -1)
+    options.setdefault("name", "mesh-provisioner")
+    await nc.connect(
+        servers,
+        disconnected_cb=disconnected,
+        reconnected_cb=reconnected,
+        closed_cb=closed,
+        error_cb=error,
+        **options,
+    )
+    log.info("connected to NATS at %s", nc.connected_url.netloc if nc.connected_url else servers)
+    return nc
+
+
+async def open_bucket(js: JetStreamContext, state: str) -> tuple[KeyValue, api.StreamInfo]:
+    """The bucket of a state, and its stream's info as of now; raises BucketNotFoundError when it is missing."""
+    name = bucket(state)
+    stream = stream_of(state)
+    try:
+        info = await js.stream_info(stream)
+    except nats.js.errors.NotFoundError:
+        raise nats.js.errors.BucketNotFoundError from None
+    kv = KeyValue(name=name, stream=stream, pre=f"$KV.{name}.", js=js, direct=bool(info.config.allow_direct))
+    return kv, info
+
+
+async def ensure_buckets(
+    js: JetStreamContext,
+    states: Iterable[str] = SEAT_STATES,
+    *,
+    history: int = 1,
+    lease: float = LEASE_SECONDS,
+) -> list[str]:
+    """Create the bucket of each state that has none; answers the buckets created.
+
+    The seat creates only its own states' buckets (contract section 4); the lease bucket's max age is the lease
+    time (section 8). A bucket that exists is left as it is, whatever its configuration.
+    """
+    created = []
+    for state in states:
+        try:
+            await js.stream_info(stream_of(state))
+            continue
+        except nats.js.errors.NotFoundError:
+            pass
+        ttl = lease if state == SEAT else None
+        try:
+            await js.create_key_value(bucket=bucket(state), history=history, ttl=ttl)
+        except nats.js.errors.APIError as err:
+            if err.err_code != _STREAM_NAME_IN_USE:
+                raise
+            continue
+        log.info("created bucket %s", bucket(state))
+        created.append(bucket(state))
+    return created

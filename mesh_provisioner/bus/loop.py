@@ -1,0 +1,115 @@
+"""The event-loop thread that owns the NATS connection, and the one way other threads reach it.
+
+pykka actors are threads and nats-py is asyncio (design.md): one loop runs every coroutine of the bus, and an
+actor hands it a coroutine and waits for the result, always with a timeout. The loop is either one this module
+starts on a daemon thread, or one a host already runs (`EventLoopThread.adopt`), which it then neither starts
+nor stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+log = logging.getLogger("mesh_provisioner.bus.loop")
+
+T = TypeVar("T")
+
+
+class EventLoopThread:
+    """An asyncio loop on its own daemon thread (or a host's loop), that any other thread can run coroutines on."""
+
+    _owned: bool
+    _loop: asyncio.AbstractEventLoop
+    _thread: threading.Thread | None
+
+    def __init__(self, name: str = "mesh-provisioner-bus") -> None:
+        """Start a new loop on a daemon thread named `name`; it is running when this returns."""
+        self._owned = True
+        self._loop = asyncio.new_event_loop()
+        started = threading.Event()
+        self._thread = threading.Thread(
+            target=self._serve, args=(started,), name=name, daemon=True
+        )
+        self._thread.start()
+        started.wait()
+
+    @classmethod
+    def adopt(cls, loop: asyncio.AbstractEventLoop) -> EventLoopThread:
+        """A handle on a loop a host already runs on its own thread: `stop()` leaves that loop alone."""
+        self = cls.__new__(cls)
+        self._owned = False
+        self._loop = loop
+        self._thread = None
+        return self
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop every coroutine of the bus runs on."""
+        return self._loop
+
+    def in_loop(self) -> bool:
+        """Whether the calling thread is the loop's own thread."""
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Schedule a coroutine on the loop from any thread; answers its future without waiting."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        """Run a coroutine on the loop from another thread and wait for its result at most `timeout` seconds.
+
+        Past the timeout the coroutine is cancelled and TimeoutError is raised, naming it. Called on the loop's
+        own thread this would wait for itself forever, so it raises RuntimeError instead.
+        """
+        if self.in_loop():
+            coro.close()
+            raise RuntimeError("EventLoopThread.run was called on the loop's own thread; await the coroutine instead")
+        name = getattr(coro, "__qualname__", repr(coro))
+        future = self.submit(coro)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"{name} did not finish within {timeout} s on the bus loop; it was cancelled") from None
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the loop this started: cancel its tasks, let them end, close it. An adopted loop is left running."""
+        if not self._owned or self._thread is None:
+            return
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("the bus loop thread did not end within %s s", timeout)
+        self._thread = None
+
+    def __enter__(self) -> EventLoopThread:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _serve(self, started: threading.Event) -> None:
+        loop = self._loop
+        asyncio.set_event_loop(loop)
+        loop.call_soon(started.set)
+        try:
+            loop.run_forever()
+        finally:
+            # Whatever still runs (watches, subscriptions' tasks) is cancelled and given its chance to end.
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+            log.debug("the bus loop is closed")

@@ -1,0 +1,76 @@
+"""The bus loop thread: running coroutines from other threads, with timeouts, and adopting a host's loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from helpers import wait_until
+
+from mesh_provisioner.bus.loop import EventLoopThread
+
+
+def test_run_answers_the_result_on_the_loop_thread(loop: EventLoopThread) -> None:
+    async def where() -> str:
+        return threading.current_thread().name
+
+    assert loop.run(where(), 5) == "test-bus"
+    assert loop.submit(where()).result(5) == "test-bus"
+
+
+def test_run_past_its_timeout_cancels_and_raises_timeout_error(loop: EventLoopThread) -> None:
+    cancelled = threading.Event()
+
+    async def forever() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    with pytest.raises(TimeoutError, match=r"did not finish within 0\.05 s"):
+        loop.run(forever(), 0.05)
+    wait_until(cancelled.is_set, 5, what="the timed-out coroutine cancelled")
+
+
+def test_run_on_the_loop_thread_is_refused(loop: EventLoopThread) -> None:
+    async def nested() -> None:
+        async def inner() -> None:
+            return None
+
+        loop.run(inner(), 1)
+
+    with pytest.raises(RuntimeError, match="own thread"):
+        loop.run(nested(), 5)
+
+
+def test_stop_cancels_what_still_runs() -> None:
+    started, ended = threading.Event(), threading.Event()
+    running = EventLoopThread("short")
+
+    async def forever() -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            ended.set()
+
+    running.submit(forever())
+    wait_until(started.is_set, 5, what="the coroutine started")
+    running.stop()
+    assert ended.is_set()
+    assert running.loop.is_closed()
+
+
+def test_an_adopted_loop_is_neither_started_nor_stopped_by_it() -> None:
+    with EventLoopThread("host") as host:
+        adopted = EventLoopThread.adopt(host.loop)
+
+        async def answer() -> int:
+            return 42
+
+        assert adopted.run(answer(), 5) == 42
+        adopted.stop()
+        assert host.loop.is_running()
+        assert host.run(answer(), 5) == 42

@@ -1,0 +1,123 @@
+"""Compare-and-set writes against a real server: create, update, delete, and conflicts between two writers."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import NatsServer, wait_until
+from nats.aio.client import Client
+
+from mesh_provisioner.bus.cache import Cache
+from mesh_provisioner.bus.connection import SEAT_STATES, ensure_buckets
+from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.bus.store import Applied, Store
+from mesh_provisioner.messages.writes import Delete, Put, Write
+from mesh_provisioner.rules.view import PLANS, REFUSED
+
+A, B = b'{"node": "ace", "module": "gitea", "why": "a"}', b'{"node": "ace", "module": "gitea", "why": "b"}'
+
+
+@pytest.fixture
+def seat(loop: EventLoopThread, nc: Client) -> Client:
+    loop.run(ensure_buckets(nc.jetstream(), SEAT_STATES), 10)
+    return nc
+
+
+def apply(loop: EventLoopThread, store: Store, *writes: Write) -> Applied:
+    return loop.run(store.apply(list(writes)), 10)
+
+
+def test_create_update_delete_each_on_the_revision_judged_from(loop: EventLoopThread, seat: Client) -> None:
+    store = Store(seat)
+    made = apply(loop, store, Put(REFUSED, "ace.gitea", A, 0))
+    assert made.ok
+    ((_, rev1),) = made.done
+    made = apply(loop, store, Put(REFUSED, "ace.gitea", B, rev1))
+    ((_, rev2),) = made.done
+    assert made.ok and rev2 > rev1
+    made = apply(loop, store, Delete(REFUSED, "ace.gitea", rev2))
+    ((_, rev3),) = made.done
+    assert made.ok and rev3 > rev2
+    # Created again after the delete, from "no key" (revision 0).
+    assert apply(loop, store, Put(REFUSED, "ace.gitea", A, 0)).ok
+    assert store.counts() == {"writes": 4, "conflicts": 0, "failed writes": 0}
+
+
+def test_two_writers_one_conflicts_and_its_batch_stops_there(
+    loop: EventLoopThread, seat: Client, other: Client
+) -> None:
+    mine, theirs = Store(seat), Store(other)
+    ((_, rev),) = apply(loop, mine, Put(REFUSED, "ace.gitea", A, 0)).done
+
+    # Both judged from "no key": the second create conflicts.
+    lost = apply(loop, theirs, Put(REFUSED, "ace.gitea", B, 0))
+    assert lost.conflict == Put(REFUSED, "ace.gitea", B, 0) and not lost.done and "conflicts" in lost.error
+
+    # Both judged from rev: the first update wins, the second conflicts, and what follows it is not made.
+    assert apply(loop, mine, Put(REFUSED, "ace.gitea", B, rev)).ok
+    stale = Put(REFUSED, "ace.gitea", A, rev)
+    after = Put(REFUSED, "bee.gitea", A, 0)
+    lost = apply(loop, theirs, Put(REFUSED, "cat.gitea", A, 0), stale, after)
+    assert [w for w, _ in lost.done] == [Put(REFUSED, "cat.gitea", A, 0)]
+    assert lost.conflict == stale
+
+    # A delete on a stale revision conflicts too.
+    lost = apply(loop, theirs, Delete(REFUSED, "ace.gitea", rev))
+    assert lost.conflict == Delete(REFUSED, "ace.gitea", rev)
+    assert (theirs.writes, theirs.conflicts) == (1, 3)
+
+    async def read(key: str) -> bytes | None:
+        kv = await other.jetstream().key_value("mesh-provisioner_refused")
+        try:
+            return (await kv.get(key)).value
+        except Exception:
+            return None
+
+    assert loop.run(read("ace.gitea"), 5) == B
+    assert loop.run(read("bee.gitea"), 5) is None
+
+
+def test_writes_that_are_never_made(loop: EventLoopThread, seat: Client, nats_server: NatsServer) -> None:
+    store = Store(seat)
+    blind = apply(loop, store, Delete(REFUSED, "ace.gitea", 0))
+    assert blind.error and "needs the revision" in blind.error and not blind.conflict
+    bad = apply(loop, store, Put(REFUSED, "ace.gi tea", A, 0))
+    assert "not tokens" in bad.error
+    missing = apply(loop, store, Put("mesh-controller.placement", "ace", A, 0))
+    assert "does not exist" in missing.error
+    assert store.writes == 0
+
+
+def test_each_write_made_is_in_the_cache_at_once(loop: EventLoopThread, seat: Client, other: Client) -> None:
+    cache = Cache(seat, states=[PLANS, REFUSED])
+    loop.run(cache.start(), 10)
+    try:
+        loop.run(cache.wait_synced(10), 15)
+        store = Store(seat, cache)
+        made = apply(loop, store, Put(REFUSED, "ace.gitea", A, 0))
+        # Read your writes: no waiting for the watch.
+        entry = cache.view.get(REFUSED, "ace.gitea")
+        assert entry is not None and entry.revision == made.done[0][1] and entry.raw == A
+        apply(loop, store, Delete(REFUSED, "ace.gitea", entry.revision))
+        assert cache.view.get(REFUSED, "ace.gitea") is None
+        # The watch's own report of those writes comes later and changes nothing: once a later write of another
+        # writer has come through the watch (it delivers in order), the key is still deleted.
+        apply(loop, Store(other), Put(REFUSED, "bee.gitea", A, 0))
+        wait_until(lambda: cache.view.get(REFUSED, "bee.gitea"), what="the other writer's key")
+        assert cache.view.get(REFUSED, "ace.gitea") is None
+    finally:
+        loop.run(cache.stop(), 10)
+
+
+def test_a_server_that_does_not_answer_is_an_error_not_a_crash(
+    loop: EventLoopThread, seat: Client, nats_server: NatsServer
+) -> None:
+    store = Store(seat, timeout=0.3)
+    nats_server.pause()
+    try:
+        stuck = apply(loop, store, Put(REFUSED, "ace.gitea", A, 0), Put(REFUSED, "bee.gitea", A, 0))
+    finally:
+        nats_server.resume()
+    assert not stuck.done and stuck.conflict is None and "TimeoutError" in stuck.error
+    # The write may or may not have landed before the server froze; a compare-and-set tells which.
+    again = apply(loop, store, Put(REFUSED, "ace.gitea", A, 0))
+    assert again.ok or again.conflict is not None
