@@ -195,7 +195,7 @@ class MemoryView:
         """The keys of a state, or of one node's."""
         if node is None:
             return list(self._states.get(state, {}))
-        return list(self._by_node[state].get(node, ()))
+        return list(self._by_node.get(state, {}).get(node, ()))
 
     def placed_on(self, module: str) -> list[str]:
         """Every node a module is placed on, sorted."""
@@ -215,15 +215,16 @@ class MemoryView:
 
     def depended_on(self, node: str) -> set[str]:
         """Every key of a node that a provision of another node depends on (it need not exist yet)."""
+        # Readers run on actor threads while the loop thread changes the view: copy each collection in one call.
         return {
             dep
-            for dep in self._deps_of_node.get(node, ())
-            if any(k.node_of(u) != node for u in self._dependents.get(dep, ()))
+            for dep in list(self._deps_of_node.get(node, ()))
+            if any(k.node_of(u) != node for u in list(self._dependents.get(dep, ())))
         }
 
     def needing(self, provision: str) -> set[str]:
         """Every node with a plan that names a provision."""
-        return {n for n, count in self._needing.get(provision, {}).items() if count > 0}
+        return {n for n, count in list(self._needing.get(provision, {}).items()) if count > 0}
 
     def provided_by_module(self, module: str) -> set[str]:
         """Every provision key whose provider is a module, on any node."""
@@ -231,11 +232,11 @@ class MemoryView:
 
     def nodes_naming(self, module: str) -> set[str]:
         """Every node whose wants or haves name a module."""
-        return {n for n, keys in self._naming.get(module, {}).items() if keys}
+        return {n for n, keys in list(self._naming.get(module, {}).items()) if keys}
 
     def manifest_users(self, manifest: str) -> set[str]:
         """Every module whose registration or one of whose builds names a manifest id."""
-        return {m for m, keys in self._manifest_users.get(manifest, {}).items() if keys}
+        return {m for m, keys in list(self._manifest_users.get(manifest, {}).items()) if keys}
 
     def key_of_ask(self, ask: str) -> str:
         """The provision key whose `ask` is an ask id, "" when none."""
@@ -243,10 +244,10 @@ class MemoryView:
 
     def states(self) -> Iterator[str]:
         """Every state that holds a key."""
-        return iter([s for s, entries in self._states.items() if entries])
+        return iter([s for s, entries in list(self._states.items()) if entries])
 
     def __len__(self) -> int:
-        return sum(len(e) for e in self._states.values())
+        return sum(len(e) for e in list(self._states.values()))
 
     # ---- changing ---------------------------------------------------------------------------------------
 

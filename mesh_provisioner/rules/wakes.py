@@ -27,6 +27,7 @@ from mesh_provisioner.rules.view import (
     WANTS,
     Entry,
     View,
+    group_of,
     manifest,
 )
 
@@ -155,3 +156,17 @@ def _offers_of_entry(view: View, e: Entry | None) -> set[str]:
 def _offers_of_module(view: View, module: str) -> set[str]:
     me = view.get(MODULES, module)
     return _offers_of_entry(view, me)
+
+
+def known_nodes(view: View) -> set[str]:
+    """Every node with anything on the bus: a placement, a want, a have, a resolved choice, a plan, a refusal, a key.
+
+    Each has its own actor (design.md); a key whose node is not a token names no node.
+    """
+    nodes: set[str] = set()
+    for state in (PLACEMENT, WANTS, HAVE, RESOLVED, PLANS, REFUSED, PROVISIONS):
+        for key in view.keys(state):
+            node = group_of(state, key)
+            if k.is_token(node):
+                nodes.add(node)
+    return nodes

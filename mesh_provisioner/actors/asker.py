@@ -1,0 +1,85 @@
+"""AskerActor: the one voice on the operator's channel (contract 5.4).
+
+It publishes each retiring key's ask, made again from the key alone, with `Nats-Msg-Id` set to the ask id, so a
+publish repeated after a crash is the same message and JetStream keeps one (design.md, property 4). It reads the
+router's record of each retiring key's ask when a decided notice comes, and at start, and writes the warrant.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from mesh_provisioner.actors.base import InFlight, Seat, SeatActor
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.messages.protocol import Decided, Look, Resync, Tick
+from mesh_provisioner.messages.writes import Write
+from mesh_provisioner.rules.retire import ask_of, decide, retiring_keys
+from mesh_provisioner.rules.view import ASK_RECORDS
+from mesh_provisioner.rules.writing import provision_of
+
+log = logging.getLogger("mesh_provisioner.actors.asker")
+
+
+class AskerActor(SeatActor):
+    """Raises asks and takes their answers, one key at a time."""
+
+    def __init__(self, seat: Seat, in_flight: InFlight, *, retries: int = 8) -> None:
+        super().__init__("asker", seat, in_flight, retries)
+        self.keys: set[str] = set()
+        self.published: set[str] = set()
+        self.asks_raised = 0
+        self.decided = 0
+
+    def handle(self, message: Any) -> Any:
+        """Gather the keys to look at until the tick, then look at each once."""
+        if isinstance(message, Look):
+            self.keys |= message.keys
+            self.tick()
+        elif isinstance(message, Decided | Resync):
+            self.keys |= set(retiring_keys(self.seat.view))
+            self.tick()
+        elif isinstance(message, Tick):
+            self.ticking = False
+            keys, self.keys = sorted(self.keys), set()
+            for key in keys:
+                self.look(key)
+        return None
+
+    def look(self, key: str) -> None:
+        """Publish a retiring key's ask unless the router holds it; take its answer once it is decided."""
+        p, _ = provision_of(self.seat.view, key)
+        if p is None or p.state != r.RETIRING or not p.ask or p.warrant is not None:
+            return
+        if self.seat.view.get(ASK_RECORDS, p.ask) is None:
+            self._publish(key, p)
+            return
+        said: list[str] = []
+
+        def judge() -> list[Write]:
+            decided = decide(self.seat.view, key, self.seat.now(), self.seat.verify)
+            said[:] = [decided.said]
+            return decided.writes
+
+        why = self.write(judge, self.retries)
+        if why:
+            log.warning("the answer for %s is not written: %s", key, why)
+        elif said and said[0]:
+            self.decided += 1
+            log.info("%s", said[0])
+
+    def _publish(self, key: str, p: r.Provision) -> None:
+        if p.ask in self.published:
+            return
+        ask = ask_of(key, p)
+        if ask is None:
+            log.warning("%s names the ask %r, which says no time it was raised at; it is not published", key, p.ask)
+            return
+        try:
+            self.seat.publish(ask)
+        except Exception as err:  # the channel may be down or have no router yet: asked again at the next look
+            log.warning("the retiring ask of %s is not published: %s", key, err)
+            return
+        self.published.add(p.ask)
+        self.asks_raised += 1
+        log.info("asked the operator to retire %s (%s)", key, p.ask)

@@ -1,0 +1,207 @@
+"""What every child of the supervisor shares: the seat it works in, death reporting, in-flight accounting.
+
+pykka has no supervision (design.md, "Supervision"): an actor whose `on_receive` raises is simply gone. So each
+child tells its supervisor when it stops, by a crash or by a stop nobody asked for, and counts the messages it has
+not finished, so that `wait_settled` knows when every mailbox is empty and no write is in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Protocol
+
+import pykka
+
+from mesh_provisioner.messages.protocol import ChildExited, Crash, Message, Resync, Tick
+from mesh_provisioner.messages.writes import Write
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.rules.node import rejudge
+from mesh_provisioner.rules.view import View
+
+log = logging.getLogger("mesh_provisioner.actors")
+
+
+class Applied(Protocol):
+    """What applying a batch of writes did: how many landed, and the first that conflicted, if any."""
+
+    @property
+    def conflict(self) -> Write | None: ...
+
+    @property
+    def error(self) -> str: ...
+
+
+class Seat(Protocol):
+    """What the actors work with: the cache to read, the bus to write, the clock, and each other."""
+
+    view: View
+
+    def apply(self, writes: list[Write]) -> Applied:
+        """Apply writes by compare-and-set, in order, stopping at the first conflict."""
+        ...
+
+    def refresh(self, write: Write) -> None:
+        """Read a conflicting key's current value from the bus into the cache."""
+        ...
+
+    def now(self) -> datetime:
+        """The time to stamp writes with."""
+        ...
+
+    def publish(self, ask: r.Ask) -> None:
+        """Publish an ask on the operator's channel, de-duplicated by its id."""
+        ...
+
+    def verify(self, warrant: r.Warrant) -> str:
+        """Why a warrant's signature is refused; "" when it holds or none is required."""
+        ...
+
+    def tell(self, name: str, message: Message) -> None:
+        """Tell a child by name, counting the message as in flight."""
+        ...
+
+    def exited(self, message: ChildExited) -> None:
+        """Tell the supervisor a child stopped."""
+        ...
+
+    def killed(self, urn: str) -> bool:
+        """Whether an actor instance was killed through the chaos API."""
+        ...
+
+
+class ActorKilled(RuntimeError):
+    """The chaos API killed this actor."""
+
+
+class InFlight:
+    """Messages told to each child instance and not yet handled, by the instance's urn."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+        self._idle = threading.Condition(self._lock)
+
+    def sent(self, urn: str) -> None:
+        """One more message for an instance."""
+        with self._lock:
+            self._counts[urn] = self._counts.get(urn, 0) + 1
+
+    def done(self, urn: str) -> None:
+        """An instance finished one message."""
+        with self._lock:
+            if urn in self._counts:
+                self._counts[urn] -= 1
+                if self._counts[urn] <= 0:
+                    del self._counts[urn]
+            self._idle.notify_all()
+
+    def forget(self, urn: str) -> None:
+        """An instance is gone: what was in its mailbox is recovered by its successor's resynchronisation."""
+        with self._lock:
+            self._counts.pop(urn, None)
+            self._idle.notify_all()
+
+    def total(self) -> int:
+        """Every message told and not yet handled."""
+        with self._lock:
+            return sum(self._counts.values())
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until nothing is in flight, at most timeout seconds."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._counts, timeout)
+
+
+class SeatActor(pykka.ThreadingActor):
+    """A child of the supervisor: it reports its death, can be killed as a crash, and resynchronises on start."""
+
+    def __init__(self, name: str, seat: Seat, in_flight: InFlight, retries: int = 8) -> None:
+        super().__init__()
+        self.name = name
+        self.retries = retries
+        self.seat = seat
+        self.in_flight = in_flight
+        self.reported = False
+
+    def on_start(self) -> None:
+        """A started actor (a restarted one too) judges all it owns from the bus, never from memory."""
+        self.in_flight.sent(self.actor_urn)
+        self.actor_ref.tell(Resync())
+
+    def on_receive(self, message: Any) -> Any:
+        """Handle one message; a killed actor dies at its next message, as a crash would, its mailbox lost."""
+        try:
+            if self.seat.killed(self.actor_urn) or isinstance(message, Crash):
+                self._report(failed=True, why="killed")
+                # An asked message's exception goes back to the asker and leaves the actor alive: stop it here.
+                pykka.ActorRegistry.unregister(self.actor_ref)
+                self.actor_stopped.set()
+                raise ActorKilled(f"{self.name} was killed")
+            return self.handle(message)
+        finally:
+            self.in_flight.done(self.actor_urn)
+
+    def handle(self, message: Any) -> Any:
+        """What the actor does with one message."""
+        raise NotImplementedError
+
+    # ---- coalescing: many wakes before a tick are done by that one tick ------------------------------------
+
+    ticking = False
+
+    def tick(self) -> None:
+        """Ask for one tick, unless one is already coming: whatever arrives before it is done by it."""
+        if not self.ticking:
+            self.ticking = True
+            self.seat.tell(self.name, Tick())
+
+    def rejudge_keys(self, keys: list[str]) -> None:
+        """Judge keys again from their providers' outcomes, each written by compare-and-set."""
+        for key in keys:
+            said: list[str] = []
+
+            def judge(key: str = key) -> list[Write]:
+                judged = rejudge(self.seat.view, key, self.seat.now())
+                said[:] = [judged.said]
+                return judged.writes
+
+            why = self.write(judge, self.retries)
+            if why:
+                log.warning("%s is not judged again: %s", key, why)
+            elif said and said[0]:
+                log.info("%s", said[0])
+
+    def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
+        """A crash: the supervisor restarts the actor."""
+        self._report(failed=True, why=str(exception_value))
+
+    def on_stop(self) -> None:
+        """A stop: the supervisor restarts the actor unless it asked for the stop itself."""
+        self._report(failed=False, why="stopped by no one's request")
+
+    def _report(self, *, failed: bool, why: str) -> None:
+        if not self.reported:
+            self.reported = True
+            self.seat.exited(ChildExited(self.name, self.actor_urn, failed=failed, why=why))
+
+    def write(self, judge: Callable[[], list[Write]], retries: int) -> str:
+        """Judge and apply writes by compare-and-set; on a conflict read the key again and judge again.
+
+        Answers "" once the writes landed (or there were none), else why they did not: never a blind put.
+        """
+        why = ""
+        for _ in range(retries + 1):
+            writes = judge()
+            if not writes:
+                return ""
+            applied = self.seat.apply(writes)
+            if applied.conflict is None and not applied.error:
+                return ""
+            if applied.conflict is None:
+                return applied.error
+            why = f"{applied.conflict.key} changed while it was judged"
+            self.seat.refresh(applied.conflict)
+        return f"{why}, {retries + 1} times; it is judged again at its next change"

@@ -1,0 +1,88 @@
+"""NodeActor: one per node; composes its node serially, coalescing changes, and owns the node's keys.
+
+As a workqueue of controller-runtime: a node is never composed twice at once (one actor, one thread), and ten
+changes arriving while it composes give one more composition, not ten; none is lost, since a change arriving
+during a composition always causes another (design.md, "Coalescing").
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from mesh_provisioner.actors.base import InFlight, Seat, SeatActor
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.messages.protocol import Changed, ComposeNode, Look, Rejudge, Resync, Tick
+from mesh_provisioner.messages.writes import Write
+from mesh_provisioner.rules.node import compose_node
+
+log = logging.getLogger("mesh_provisioner.actors.node")
+
+
+class NodeActor(SeatActor):
+    """Composes one node and judges its keys again, one thing at a time."""
+
+    def __init__(
+        self,
+        node: str,
+        seat: Seat,
+        in_flight: InFlight,
+        *,
+        retries: int = 8,
+        parallel: threading.Semaphore | None = None,
+    ) -> None:
+        super().__init__(f"node:{node}", seat, in_flight, retries)
+        self.node = node
+        self.parallel = parallel
+        self.dirty = False
+        self.keys: set[str] = set()
+        self.compositions = 0
+
+    def handle(self, message: Any) -> Any:
+        """Coalesce changes into one tick; compose on the tick or when asked."""
+        if isinstance(message, Tick):
+            self.ticking = False
+            if self.dirty:
+                self.compose()
+            self._rejudge_pending()
+        elif isinstance(message, Changed | Resync):
+            self.dirty = True
+            self.tick()
+        elif isinstance(message, Rejudge):
+            self.keys |= message.keys
+            self.tick()
+        elif isinstance(message, ComposeNode):
+            composed = self.compose()
+            self._rejudge_pending()
+            return composed
+        return None
+
+    def compose(self) -> r.Composed:
+        """Compose the node now, writing by compare-and-set; answers what the composition did."""
+        self.dirty = False
+        result: list[r.Composed] = []
+
+        def judge() -> list[Write]:
+            done = compose_node(self.seat.view, self.node, self.seat.now())
+            result[:] = [done.composed]
+            return done.writes
+
+        if self.parallel is not None:
+            with self.parallel:
+                why = self.write(judge, self.retries)
+        else:
+            why = self.write(judge, self.retries)
+        self.compositions += 1
+        composed = result[0]
+        if why:
+            composed.problems.append(f"the composition of {self.node} is not all written: {why}")
+        if composed:
+            log.info("composed %s: %s", self.node, r.encode(composed).decode())
+        if composed.retiring_asked:
+            self.seat.tell("asker", Look(frozenset(composed.retiring_asked)))
+        return composed
+
+    def _rejudge_pending(self) -> None:
+        keys, self.keys = sorted(self.keys), set()
+        self.rejudge_keys(keys)

