@@ -26,11 +26,13 @@ log = logging.getLogger("mesh_provisioner.cli")
 def parser() -> argparse.ArgumentParser:
     """The command line: global options, then a command."""
     p = argparse.ArgumentParser(prog="mesh-provisioner", description=__doc__)
-    p.add_argument("--nats", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"),
+    env = os.environ.get
+    p.add_argument("--nats", default=env("NATS_URL", "nats://127.0.0.1:4222"),
                    help="NATS server URL(s), comma-separated (env NATS_URL)")
-    p.add_argument("--bound-reads", default=os.environ.get("MESH_PROVISIONER_BOUND_READS", ",".join(DEFAULT_BOUND_READS)),
+    p.add_argument("--bound-reads", default=env("MESH_PROVISIONER_BOUND_READS", ",".join(DEFAULT_BOUND_READS)),
                    help="the providers whose <provider>.bound entries are read, comma-separated")
-    p.add_argument("--max-parallel", type=int, default=0, help="compositions at once; 0: no bound, 1: one node at a time")
+    p.add_argument("--max-parallel", type=int, default=0,
+                   help="compositions at once; 0: no bound, 1: one node at a time")
     p.add_argument("--log-level", default=os.environ.get("MESH_PROVISIONER_LOG_LEVEL", "INFO"))
     sub = p.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("reconcile", help="compose every node and judge every key once, then exit")

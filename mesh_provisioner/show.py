@@ -17,7 +17,7 @@ def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 
 def _wanted(key: str, node: str, module: str) -> bool:
     parts = key.split(".")
-    return (not node or parts[0] == node) and (not module or len(parts) > 1 and parts[1] == module)
+    return (not node or parts[0] == node) and (not module or (len(parts) > 1 and parts[1] == module))
 
 
 def provision_rows(view: View, node: str = "", module: str = "", state: str = "") -> list[list[str]]:
@@ -26,7 +26,7 @@ def provision_rows(view: View, node: str = "", module: str = "", state: str = ""
     for key in sorted(view.keys(PROVISIONS)):
         e = view.get(PROVISIONS, key)
         p = e.get(r.Provision) if e is not None else None
-        if p is None or not _wanted(key, node, module) or state and p.state != state:
+        if p is None or not _wanted(key, node, module) or (state and p.state != state):
             continue
         extra = p.why or (f"ask {p.ask}" if p.ask else "")
         rows.append([key, p.state, f"{p.provider.module}@{p.provider.node}", extra])

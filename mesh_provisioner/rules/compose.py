@@ -143,7 +143,9 @@ def choose_provider(view: View, node: str, module: str, provision: str) -> tuple
         only = next(iter(on))
         return (only, on[only][0]), ""
     nodes = ", ".join(sorted(on))
-    return None, f"{provision} is provided on several nodes ({nodes}) and mesh-config resolves none for {module} on {node}"
+    return None, (
+        f"{provision} is provided on several nodes ({nodes}) and mesh-config resolves none for {module} on {node}"
+    )
 
 
 def resolved_node(view: View, node: str, module: str, provision: str) -> tuple[str, str]:

@@ -38,7 +38,7 @@ def keeps_entries(view: View, module: str, provision: str) -> tuple[bool, str]:
 
 
 def unread(view: View, module: str) -> str:
-    """Why a provider's helper never answers: its manifest does not read the seat's plans; "" when it does, or cannot say."""
+    """Why a provider's helper never answers: its manifest reads no plans of the seat; "" when it does or cannot say."""
     manifest, why = trunk_manifest(view, module)
     if why or r.PLANS_READ in manifest.reads:
         return ""
@@ -59,13 +59,15 @@ def outcome(view: View, key: str, p: r.Provision) -> r.Provision:
     if p.provider.module not in view.bound_reads:
         return _asked(
             p,
-            f"{p.provider.module} keeps its outcome in its entries, which mesh-provisioner's manifest does not read yet",
+            f"{p.provider.module} keeps its outcome in its entries, "
+            "which mesh-provisioner's manifest does not read yet",
         )
     e = view.get(bound(p.provider.module), key)
     if e is None:
         # Every asked key says why (design.md, property 2): the helper cannot hear the seat, or has not answered.
         module = p.provider.module
-        return _asked(p, unread(view, module) or f"waits for {module} to answer: its entries hold nothing for {key} yet")
+        waiting = f"waits for {module} to answer: its entries hold nothing for {key} yet"
+        return _asked(p, unread(view, module) or waiting)
     en = e.get(r.BoundEntry)
     if en is None:
         return _asked(p, f"the provider's entry is not readable: {e.error}")
