@@ -9,7 +9,7 @@ which write it was, so the caller re-reads and judges again. There is never a bl
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -63,6 +63,8 @@ class Store:
         """
         self.writes = 0
         self.conflicts = 0
+        # Only the seat's holder writes its states (contract section 8): the guard says why not, "" when it may.
+        self.guard: Callable[[], str] | None = None
         self.errors = 0
         self._js = nc.jetstream(timeout=timeout)
         link(nc)  # its requests are counted from now on
@@ -77,6 +79,11 @@ class Store:
         """
         applied = Applied()
         for write in writes:
+            barred = self.guard() if self.guard is not None else ""
+            if barred:
+                self.errors += 1
+                applied.error = f"{_what(write)} is not made: {barred}"
+                break
             try:
                 revision = await self._make(write)
             except Conflict as err:
