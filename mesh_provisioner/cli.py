@@ -10,15 +10,20 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from mesh_provisioner.bus.embedded import EmbeddedServer
 from mesh_provisioner.bus.loader import load_states
 from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.bus.snapshot import snapshot_of
 from mesh_provisioner.config import Config
+from mesh_provisioner.messages.writes import Put
+from mesh_provisioner.rules.settle import settle
 from mesh_provisioner.rules.view import DEFAULT_BOUND_READS
 from mesh_provisioner.samples import sample_mesh
+from mesh_provisioner.seat import Seat
 from mesh_provisioner.show import tables
-from mesh_provisioner.supervisor import Supervisor
+from mesh_provisioner.supervisor import Supervisor, connect_options
 
 log = logging.getLogger("mesh_provisioner.cli")
 
@@ -37,6 +42,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("reconcile", help="compose every node and judge every key once, then exit")
     rec.add_argument("--timeout", type=float, default=120.0, help="seconds to settle before giving up")
+    rec.add_argument("--dry-run", action="store_true", help="take no lease, write nothing: print what would change")
     sub.add_parser("serve", help="run on events until SIGTERM or SIGINT")
     demo = sub.add_parser("demo", help="run the seat on an embedded nats-server and a sample mesh")
     demo.add_argument("--serve", action="store_true", help="keep running after the tables, until interrupted")
@@ -50,18 +56,40 @@ def config_of(args: argparse.Namespace) -> Config:
 
 
 def reconcile(config: Config, timeout: float) -> int:
-    """Start the seat, let every node compose and every key be judged, print what changed, stop."""
+    """Take the seat's lease, let every node compose and every key be judged, print what changed, give it back."""
     started = time.monotonic()
-    sup = Supervisor.start(config)
+    seat = Seat(config)
     try:
-        if not sup.wait_settled(timeout):
-            log.error("the seat did not settle within %g s", timeout)
+        if not seat.take(threading.Event(), timeout):
+            log.error("another process holds the seat's lease; nothing is reconciled")
             return 2
-        counts = sup.store.counts()
+        sup = Supervisor.start(config, nc=seat.nc, loop=seat.loop.loop, guard=seat.lease.guard)
+        try:
+            if not sup.wait_settled(timeout):
+                log.error("the seat did not settle within %g s", timeout)
+                return 2
+            counts = sup.store.counts()
+        finally:
+            sup.stop()
         print(f"settled in {time.monotonic() - started:.2f} s: {summary(counts)}")  # noqa: T201
         return 0
     finally:
-        sup.stop()
+        seat.close()
+
+
+def dry_run(config: Config) -> int:
+    """Read the bus once, settle a copy of it in memory, and print each write the seat would make."""
+    with EventLoopThread() as loop:
+        view = loop.run(snapshot_of(config.servers(), connect_options(config), bound_reads=config.bound_reads), 120)
+    settled = settle(view.copy(), datetime.now(UTC))
+    for w in settled.writes:
+        what = "put" if isinstance(w, Put) else "delete"
+        print(f"{what} {w.state} {w.key}" + (f" {w.value.decode()}" if isinstance(w, Put) else ""))  # noqa: T201
+    for composed in settled.composed:
+        for problem in composed.problems:
+            print(f"problem on {composed.node}: {problem}")  # noqa: T201
+    print(f"{len(settled.writes)} write(s) would be made")  # noqa: T201
+    return 0 if settled.settled else 2
 
 
 def summary(counts: dict[str, int]) -> str:
@@ -72,20 +100,11 @@ def summary(counts: dict[str, int]) -> str:
 
 
 def serve(config: Config) -> int:
-    """Run the seat on events until SIGTERM or SIGINT; then stop cleanly."""
+    """Run the seat on events, holding its lease, until SIGTERM or SIGINT; then stop cleanly."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    sup = Supervisor.start(config)
-    log.info("serving: %d actors on %s", len(sup.children()), ", ".join(config.servers()))
-    try:
-        while not stop.wait(0.5):
-            if sup.failed.done():
-                log.error("the seat stopped: %s", sup.failed.result())
-                return 1
-        return 0
-    finally:
-        sup.stop()
+    return Seat(config).serve(stop)
 
 
 def demo(config: Config, keep: bool) -> int:
@@ -119,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = config_of(args)
     try:
         if args.command == "reconcile":
-            return reconcile(config, args.timeout)
+            return dry_run(config) if args.dry_run else reconcile(config, args.timeout)
         if args.command == "serve":
             return serve(config)
         return demo(config, args.serve)

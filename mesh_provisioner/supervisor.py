@@ -93,6 +93,8 @@ class Supervisor:
         self._waiting: set[str] = set()  # children dead and waiting for their restart
         self._killed: set[str] = set()  # urns of instances killed through the chaos API
         self._stopping = False
+        # Changes are routed only once the children run: each resyncs at start with what was loaded before.
+        self._routing = False
         self.failed: Future[str] = Future()
         self._parallel = threading.BoundedSemaphore(config.max_parallel) if config.max_parallel > 0 else None
         self._clock: Callable[[], datetime] = lambda: datetime.now(UTC)
@@ -108,8 +110,12 @@ class Supervisor:
         nc: Client | None = None,
         loop: Any = None,
         clock: Callable[[], datetime] | None = None,
+        guard: Callable[[], str] | None = None,
     ) -> Supervisor:
-        """Connect (or take the host's connection and loop), fill the cache, and start every child."""
+        """Connect (or take the host's connection and loop), fill the cache, and start every child.
+
+        `guard` says why this process may not write now ("" when it may): the seat's lease (contract 8).
+        """
         thread = EventLoopThread.adopt(loop) if loop is not None else EventLoopThread()
         owns = nc is None
         if nc is None:
@@ -117,6 +123,7 @@ class Supervisor:
         sup = cls(config, thread, nc, owns_nc=owns)
         if clock is not None:
             sup._clock = clock
+        sup.store.guard = guard
         try:
             thread.run(ensure_buckets(nc.jetstream(), lease=config.lease_seconds), config.request_timeout)
             thread.run(sup.cache.start(), config.request_timeout)
@@ -145,6 +152,9 @@ class Supervisor:
             )
         for node in sorted(known_nodes(self.view)):
             self._node(node)
+        self._routing = True
+        for node in sorted(known_nodes(self.view)):  # a node that appeared while the others started
+            self._node(node)
 
     def _node(self, node: str) -> str:
         """The name of a node's actor, started when it has none."""
@@ -164,6 +174,14 @@ class Supervisor:
             self._specs[name] = ChildSpec(name, start)
             self._order.append(name)
             self._refs[name] = start()
+        self._resync(name)
+
+    def _resync(self, name: str) -> None:
+        """A started child (a restarted one too) judges all it owns from the bus, never from memory.
+
+        The supervisor tells it, so the message is counted in flight before `start` returns to anyone waiting.
+        """
+        self.tell(name, Resync())
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop this supervisor's own actors, in reverse order of start, and its connection if it made it."""
@@ -242,7 +260,7 @@ class Supervisor:
 
     def _changed(self, state: str, key: str, old: Entry | None, new: Entry | None) -> None:
         """Route one change of the cache to every actor it wakes. Runs on the event loop: it never blocks."""
-        if self._stopping:
+        if self._stopping or not self._routing:
             return
         woken = woken_by(self.view, state, key, old, new)
         for node in woken.nodes:
@@ -312,9 +330,12 @@ class Supervisor:
     def _restart(self, name: str) -> None:
         with self._lock:
             spec = self._specs.get(name)
-            if spec is not None and not self._stopping:
+            restarted = spec is not None and not self._stopping
+            if spec is not None and restarted:
                 self._refs[name] = spec.start()
                 self._waiting.discard(name)
+        if restarted:
+            self._resync(name)
         self.in_flight.done("restart:" + name)
 
     def _fail(self, why: str) -> None:

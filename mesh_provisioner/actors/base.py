@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import pykka
 
 from mesh_provisioner.messages import records as r
-from mesh_provisioner.messages.protocol import ChildExited, Crash, Message, Resync, Tick
+from mesh_provisioner.messages.protocol import ChildExited, Crash, Message, Tick
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.rules.node import rejudge
 from mesh_provisioner.rules.view import View
@@ -125,11 +125,6 @@ class SeatActor(pykka.ThreadingActor):
         self.seat = seat
         self.in_flight = in_flight
         self.reported = False
-
-    def on_start(self) -> None:
-        """A started actor (a restarted one too) judges all it owns from the bus, never from memory."""
-        self.in_flight.sent(self.actor_urn)
-        self.actor_ref.tell(Resync())
 
     def on_receive(self, message: Any) -> Any:
         """Handle one message; a killed actor dies at its next message, as a crash would, its mailbox lost."""

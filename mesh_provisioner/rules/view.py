@@ -184,6 +184,7 @@ class MemoryView:
         self._naming: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))  # module -> node -> keys
         self._manifest_users: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
         self._asks: dict[str, str] = {}
+        self.last_revision = 0  # the highest revision put, for views kept in memory alone
 
     # ---- reading ----------------------------------------------------------------------------------------
 
@@ -242,6 +243,15 @@ class MemoryView:
         """The provision key whose `ask` is an ask id, "" when none."""
         return self._asks.get(ask, "")
 
+    def copy(self) -> MemoryView:
+        """A view of its own with the same entries, to judge ahead without touching this one."""
+        twin = MemoryView(self.bound_reads)
+        for state, entries in list(self._states.items()):
+            for key, entry in list(entries.items()):
+                twin.apply(state, key, entry)
+        twin.last_revision = self.last_revision
+        return twin
+
     def states(self) -> Iterator[str]:
         """Every state that holds a key."""
         return iter([s for s, entries in list(self._states.items()) if entries])
@@ -255,6 +265,7 @@ class MemoryView:
         """Keep a key's new value and bring the indices along; answers the entry as kept."""
         entry = entry_of(state, key, raw, revision)
         self.apply(state, key, entry)
+        self.last_revision = max(self.last_revision, revision)
         return entry
 
     def delete(self, state: str, key: str) -> Entry | None:

@@ -1,0 +1,99 @@
+"""The seat's lease (contract section 8): `mesh-provisioner.seat` key `holder`, held by one process at a time.
+
+The bucket's max age is the lease time: a holder that stops renewing loses the key to age, and a standby that keeps
+trying to create it takes it then. The holder renews by compare-and-set on the revision it wrote, well inside the
+lease time; a renewal that fails means someone else holds it or the bus is out of reach, and either way the holder
+stops writing at once: `guard` says so to every write from the moment the lease may have lapsed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Final
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+
+from mesh_provisioner.bus.connection import open_bucket
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.rules.view import SEAT
+
+log = logging.getLogger("mesh_provisioner.bus.lease")
+
+HOLDER_KEY: Final = "holder"
+# A holder counts its lease as lapsed this share of the lease time before the bus would let it age out, so that
+# no write of a holder that lost the lease can land after a standby took it over.
+SAFETY: Final = 0.2
+
+
+class SeatLease:
+    """This process's claim to the seat: taken by create, kept by compare-and-set, given back on a clean exit."""
+
+    def __init__(self, nc: Client, seconds: float = 15.0, *, holder: str = "") -> None:
+        self.nc = nc
+        self.seconds = seconds
+        self.holder = holder or uuid.uuid4().hex
+        self.revision = 0
+        self._deadline = 0.0  # monotonic time until which this process may write
+
+    def record(self) -> r.Lease:
+        """The lease record this process writes."""
+        return r.Lease(holder=self.holder, host=socket.gethostname(), pid=os.getpid(),
+                       since=datetime.now(UTC).replace(microsecond=0))
+
+    @property
+    def held(self) -> bool:
+        """Whether this process holds the lease now, with the safety margin."""
+        return time.monotonic() < self._deadline
+
+    def guard(self) -> str:
+        """Why this process may not write the seat's states ("" while it holds the lease)."""
+        return "" if self.held else "this process does not hold the seat's lease"
+
+    async def take(self) -> bool:
+        """Take the lease if no one holds it; answers whether this process holds it now."""
+        asked = time.monotonic()
+        kv, _ = await open_bucket(self.nc.jetstream(), SEAT)
+        try:
+            self.revision = await kv.create(HOLDER_KEY, r.encode(self.record()))
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return False
+        except nats.js.errors.APIError as err:
+            if err.err_code in (10071, 10164):
+                return False
+            raise
+        self._deadline = asked + self.seconds * (1 - SAFETY)
+        log.info("this process holds the seat (holder %s)", self.holder)
+        return True
+
+    async def renew(self) -> bool:
+        """Renew the lease by compare-and-set; answers False, and stops holding at once, when that fails."""
+        asked = time.monotonic()
+        try:
+            kv, _ = await open_bucket(self.nc.jetstream(), SEAT)
+            self.revision = await kv.update(HOLDER_KEY, r.encode(self.record()), last=self.revision)
+        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as err:
+            self._deadline = 0.0
+            log.warning("the seat's lease is not renewed (%s): this process stops writing", err or type(err).__name__)
+            return False
+        self._deadline = asked + self.seconds * (1 - SAFETY)
+        return True
+
+    async def give_back(self) -> None:
+        """Delete the lease this process holds, so a standby takes over at once (a clean exit)."""
+        held, self._deadline = self.revision, 0.0
+        if not held:
+            return
+        try:
+            kv, _ = await open_bucket(self.nc.jetstream(), SEAT)
+            await kv.delete(HOLDER_KEY, last=held)
+            log.info("gave the seat's lease back")
+        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as err:
+            log.info("the seat's lease is not given back (%s); it ages out", err or type(err).__name__)
+        self.revision = 0

@@ -1,0 +1,38 @@
+"""The bus read once into memory: for `show`, `reconcile --dry-run` and other readers that judge nothing live."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from nats.aio.client import Client
+
+from mesh_provisioner.bus.cache import Cache
+from mesh_provisioner.bus.connection import connect
+from mesh_provisioner.rules.view import DEFAULT_BOUND_READS, MemoryView
+
+
+async def snapshot(
+    nc: Client,
+    *,
+    bound_reads: Iterable[str] = DEFAULT_BOUND_READS,
+    states: Iterable[str] | None = None,
+    timeout: float = 60.0,
+) -> MemoryView:
+    """Every key of the states (default: all the seat watches) as they are now, in a view of their own."""
+    cache = Cache(nc, bound_reads=bound_reads, states=states)
+    await cache.start()
+    try:
+        await cache.wait_synced(timeout)
+    finally:
+        await cache.stop()
+    return cache.view
+
+
+async def snapshot_of(servers: list[str], options: dict[str, Any] | None = None, **kwargs: Any) -> MemoryView:
+    """`snapshot` over a connection of its own, closed after."""
+    nc = await connect(servers, **(options or {}))
+    try:
+        return await snapshot(nc, **kwargs)
+    finally:
+        await nc.close()

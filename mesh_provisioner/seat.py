@@ -1,0 +1,103 @@
+"""The seat process's life (contract section 8): wait for the lease, run the actors while holding it, let go.
+
+Only the holder writes the seat's states. A standby waits and takes the lease once it is gone; a holder whose
+renewal fails stops its actors at once and goes back to waiting; a clean exit gives the lease back so a standby
+takes over without waiting for it to age out.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from nats.aio.client import Client
+
+from mesh_provisioner.bus.connection import connect, ensure_buckets
+from mesh_provisioner.bus.lease import SeatLease
+from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.config import Config
+from mesh_provisioner.supervisor import Supervisor, connect_options
+
+log = logging.getLogger("mesh_provisioner.seat")
+
+
+class Seat:
+    """One seat process: a connection, its lease, and a supervisor while the lease is held."""
+
+    def __init__(self, config: Config, *, on_hold: Callable[[Supervisor | None], None] | None = None) -> None:
+        self.config = config
+        self.loop = EventLoopThread()
+        self.nc: Client = self.loop.run(connect(config.servers(), **connect_options(config)), config.request_timeout * 3)
+        self.loop.run(ensure_buckets(self.nc.jetstream(), lease=config.lease_seconds), config.request_timeout)
+        self.lease = SeatLease(self.nc, config.lease_seconds)
+        self.supervisor: Supervisor | None = None
+        self.on_hold = on_hold or (lambda _: None)
+
+    def take(self, stop: threading.Event, timeout: float | None = None) -> bool:
+        """Wait until this process holds the lease (True), or stop is set or the timeout passes (False)."""
+        waited = 0.0
+        every = self.config.lease_seconds / 5
+        announced = False
+        while not stop.is_set():
+            try:
+                if self.loop.run(self.lease.take(), self.config.request_timeout):
+                    return True
+            except Exception as err:  # the bus may be out of reach: keep waiting, as a standby does
+                log.warning("the seat's lease cannot be asked for: %s", err)
+            if not announced:
+                log.info("another process holds the seat: waiting as a standby")
+                announced = True
+            if timeout is not None and waited >= timeout:
+                return False
+            stop.wait(every)
+            waited += every
+        return False
+
+    def hold(self, stop: threading.Event) -> tuple[str, bool]:
+        """Run the actors while the lease is renewed; answers why holding ended ("" when stop was set) and
+        whether it ended because the supervisor gave up (past its restart intensity)."""
+        sup = Supervisor.start(self.config, nc=self.nc, loop=self.loop.loop, guard=self.lease.guard)
+        self.supervisor = sup
+        self.on_hold(sup)
+        why, gave_up = "", False
+        try:
+            while not stop.wait(self.config.lease_seconds / 4):
+                if sup.failed.done():
+                    why, gave_up = sup.failed.result() or "the supervisor stopped", True
+                    break
+                if not self.loop.run(self.lease.renew(), self.config.lease_seconds / 4):
+                    why = "the seat's lease could not be renewed"
+                    break
+        except TimeoutError:
+            why = "the seat's lease could not be renewed in time"
+        finally:
+            sup.stop()
+            self.supervisor = None
+            self.on_hold(None)
+        return why, gave_up
+
+    def serve(self, stop: threading.Event) -> int:
+        """Hold the seat whenever this process can, until stop is set; 1 when the supervisor gave up."""
+        try:
+            while not stop.is_set():
+                if not self.take(stop):
+                    break
+                why, gave_up = self.hold(stop)
+                if gave_up:
+                    log.error("%s", why)
+                    return 1
+                if why:
+                    log.warning("%s: back to waiting for the seat", why)
+            return 0
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Give the lease back and close the connection."""
+        try:
+            self.loop.run(self.lease.give_back(), self.config.request_timeout)
+            self.loop.run(self.nc.close(), self.config.request_timeout)
+        except Exception as err:  # closing on a bus that is gone: nothing left to give back
+            log.debug("the seat did not close cleanly: %s", err)
+        self.loop.stop()
