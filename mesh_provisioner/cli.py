@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from mesh_provisioner.bus.connection import connect_options
 from mesh_provisioner.bus.embedded import EmbeddedServer
 from mesh_provisioner.bus.loader import load_states
 from mesh_provisioner.bus.loop import EventLoopThread
@@ -23,7 +24,7 @@ from mesh_provisioner.rules.view import DEFAULT_BOUND_READS
 from mesh_provisioner.samples import sample_mesh
 from mesh_provisioner.seat import Seat
 from mesh_provisioner.show import tables
-from mesh_provisioner.supervisor import Supervisor, connect_options
+from mesh_provisioner.supervisor import Supervisor
 
 log = logging.getLogger("mesh_provisioner.cli")
 

@@ -13,11 +13,11 @@ from collections.abc import Callable
 
 from nats.aio.client import Client
 
-from mesh_provisioner.bus.connection import connect, ensure_buckets
+from mesh_provisioner.bus.connection import connect_config, ensure_buckets
 from mesh_provisioner.bus.lease import SeatLease
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.config import Config
-from mesh_provisioner.supervisor import Supervisor, connect_options
+from mesh_provisioner.supervisor import Supervisor
 
 log = logging.getLogger("mesh_provisioner.seat")
 
@@ -28,7 +28,7 @@ class Seat:
     def __init__(self, config: Config, *, on_hold: Callable[[Supervisor | None], None] | None = None) -> None:
         self.config = config
         self.loop = EventLoopThread()
-        self.nc: Client = self.loop.run(connect(config.servers(), **connect_options(config)), config.request_timeout * 3)
+        self.nc: Client = self.loop.run(connect_config(config), config.request_timeout * 3)
         self.loop.run(ensure_buckets(self.nc.jetstream(), lease=config.lease_seconds), config.request_timeout)
         self.lease = SeatLease(self.nc, config.lease_seconds)
         self.supervisor: Supervisor | None = None

@@ -30,7 +30,7 @@ from mesh_provisioner.actors.bound import BoundActor
 from mesh_provisioner.actors.node import NodeActor
 from mesh_provisioner.bus.asks import Asks
 from mesh_provisioner.bus.cache import Cache
-from mesh_provisioner.bus.connection import connect, ensure_buckets
+from mesh_provisioner.bus.connection import connect_config, ensure_buckets
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.store import Applied, Store
 from mesh_provisioner.config import Config
@@ -119,7 +119,7 @@ class Supervisor:
         thread = EventLoopThread.adopt(loop) if loop is not None else EventLoopThread()
         owns = nc is None
         if nc is None:
-            nc = thread.run(connect(config.servers(), **connect_options(config)), config.request_timeout * 3)
+            nc = thread.run(connect_config(config), config.request_timeout * 3)
         sup = cls(config, thread, nc, owns_nc=owns)
         if clock is not None:
             sup._clock = clock
@@ -422,17 +422,3 @@ class _SupervisorActor(pykka.ThreadingActor):
         finally:
             if isinstance(message, ChildExited):
                 self.sup.in_flight.done(self.actor_urn)
-
-
-def connect_options(config: Config) -> dict[str, Any]:
-    """nats-py's connect options for a config: credentials and TLS where given."""
-    options: dict[str, Any] = {}
-    if config.user:
-        options["user"], options["password"] = config.user, config.password
-    if config.token:
-        options["token"] = config.token
-    if config.creds:
-        options["user_credentials"] = config.creds
-    if config.nkey:
-        options["nkeys_seed"] = config.nkey
-    return options

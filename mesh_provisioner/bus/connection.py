@@ -23,6 +23,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
+from mesh_provisioner.config import Config
 from mesh_provisioner.rules.view import NEEDS, PLANS, PROVISIONS, REFUSED, SEAT, bucket
 
 log = logging.getLogger("mesh_provisioner.bus.connection")
@@ -178,3 +179,22 @@ async def ensure_buckets(
         log.info("created bucket %s", bucket(state))
         created.append(bucket(state))
     return created
+
+
+def connect_options(config: Config) -> dict[str, Any]:
+    """nats-py's connect options for a config: credentials where given."""
+    options: dict[str, Any] = {}
+    if config.user:
+        options["user"], options["password"] = config.user, config.password
+    if config.token:
+        options["token"] = config.token
+    if config.creds:
+        options["user_credentials"] = config.creds
+    if config.nkey:
+        options["nkeys_seed"] = config.nkey
+    return options
+
+
+async def connect_config(config: Config) -> Client:
+    """A connection to the servers of a config, with its credentials."""
+    return await connect(config.servers(), **connect_options(config))
