@@ -51,6 +51,7 @@ from mesh_provisioner.messages.protocol import (
     Stop,
 )
 from mesh_provisioner.messages.writes import Write
+from mesh_provisioner.metrics import Metrics
 from mesh_provisioner.rules.retire import retire_needs
 from mesh_provisioner.rules.view import Entry, MemoryView
 from mesh_provisioner.rules.wakes import known_nodes, woken_by
@@ -83,6 +84,8 @@ class Supervisor:
         self.nc = nc
         self.owns_nc = owns_nc
         self.in_flight = InFlight()
+        self.metrics = Metrics()
+        self.metrics.cache_keys.set_function(lambda: len(self.cache.view))
         self.cache = Cache(nc, bound_reads=config.bound_reads, on_change=self._changed, on_resync=self._resynced)
         self.store = Store(nc, self.cache)
         self.asks = Asks(nc)
@@ -215,7 +218,9 @@ class Supervisor:
 
     def apply(self, writes: list[Write]) -> Applied:
         """Apply writes by compare-and-set on the bus, in order, stopping at the first conflict."""
-        return self.loop.run(self.store.apply(writes), self.config.request_timeout)
+        applied = self.loop.run(self.store.apply(writes), self.config.request_timeout)
+        self.metrics.observe_writes((w.state for w, _ in applied.done), applied.conflict is not None)
+        return applied
 
     def refresh(self, write: Write) -> None:
         """Read a conflicting key's current value from the bus into the cache."""
@@ -263,17 +268,18 @@ class Supervisor:
         if self._stopping or not self._routing:
             return
         woken = woken_by(self.view, state, key, old, new)
+        at = time.monotonic()
         for node in woken.nodes:
-            self.tell(self._node(node), Changed())
+            self.tell(self._node(node), Changed(at))
         if woken.keys:
             if state.endswith(".bound"):
-                self.tell(f"bound:{state.removesuffix('.bound')}", Rejudge(woken.keys))
+                self.tell(f"bound:{state.removesuffix('.bound')}", Rejudge(woken.keys, at))
             else:
                 by_node: dict[str, set[str]] = {}
                 for k in woken.keys:
                     by_node.setdefault(k.split(".", 1)[0], set()).add(k)
                 for node, keys in by_node.items():
-                    self.tell(self._node(node), Rejudge(frozenset(keys)))
+                    self.tell(self._node(node), Rejudge(frozenset(keys), at))
         if woken.decide:
             self.tell(ASKER, Look(woken.decide))
 
@@ -306,6 +312,7 @@ class Supervisor:
                 spec.restarts.popleft()
             spec.restarts.append(now)
             spec.total_restarts += 1
+            self.metrics.restarts.labels(message.name.split(":", 1)[0]).inc()
             if len(spec.restarts) > self.config.restart_intensity:
                 why = (
                     f"{message.name} stopped {len(spec.restarts)} times within {self.config.restart_period:g} s "

@@ -66,6 +66,7 @@ class AskerActor(SeatActor):
             log.warning("the answer for %s is not written: %s", key, why)
         elif said and said[0]:
             self.decided += 1
+            self.seat.metrics.asks_decided.inc()
             log.info("%s", said[0])
 
     def _publish(self, key: str, p: r.Provision) -> None:
@@ -82,4 +83,5 @@ class AskerActor(SeatActor):
             return
         self.published.add(p.ask)
         self.asks_raised += 1
+        self.seat.metrics.asks_raised.inc()
         log.info("asked the operator to retire %s (%s)", key, p.ask)

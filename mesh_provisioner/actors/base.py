@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Protocol
@@ -18,6 +19,7 @@ import pykka
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import ChildExited, Crash, Message, Tick
 from mesh_provisioner.messages.writes import Write
+from mesh_provisioner.metrics import Metrics
 from mesh_provisioner.rules.node import rejudge
 from mesh_provisioner.rules.view import View
 
@@ -38,6 +40,7 @@ class Seat(Protocol):
     """What the actors work with: the cache to read, the bus to write, the clock, and each other."""
 
     view: View
+    metrics: Metrics
 
     def apply(self, writes: list[Write]) -> Applied:
         """Apply writes by compare-and-set, in order, stopping at the first conflict."""
@@ -153,12 +156,12 @@ class SeatActor(pykka.ThreadingActor):
             self.ticking = True
             self.seat.tell(self.name, Tick())
 
-    def rejudge_keys(self, keys: list[str]) -> None:
+    def rejudge_keys(self, keys: list[str], since: float = 0.0) -> None:
         """Judge keys again from their providers' outcomes, each written by compare-and-set."""
         for key in keys:
-            self._rejudge(key)
+            self._rejudge(key, since)
 
-    def _rejudge(self, key: str) -> None:
+    def _rejudge(self, key: str, since: float) -> None:
         said: list[str] = []
 
         def judge() -> list[Write]:
@@ -166,7 +169,7 @@ class SeatActor(pykka.ThreadingActor):
             said[:] = [judged.said]
             return judged.writes
 
-        why = self.write(judge, self.retries)
+        why = self.write(judge, self.retries, since)
         if why:
             log.warning("%s is not judged again: %s", key, why)
         elif said and said[0]:
@@ -185,10 +188,11 @@ class SeatActor(pykka.ThreadingActor):
             self.reported = True
             self.seat.exited(ChildExited(self.name, self.actor_urn, failed=failed, why=why))
 
-    def write(self, judge: Callable[[], list[Write]], retries: int) -> str:
+    def write(self, judge: Callable[[], list[Write]], retries: int, since: float = 0.0) -> str:
         """Judge and apply writes by compare-and-set; on a conflict read the key again and judge again.
 
-        Answers "" once the writes landed (or there were none), else why they did not: never a blind put.
+        Answers "" once the writes landed (or there were none), else why they did not: never a blind put. `since`
+        is when the change that asked for this judgement reached the cache, for the change-to-write histogram.
         """
         why = ""
         for _ in range(retries + 1):
@@ -197,9 +201,16 @@ class SeatActor(pykka.ThreadingActor):
                 return ""
             applied = self.seat.apply(writes)
             if applied.conflict is None and not applied.error:
+                if since:
+                    self.seat.metrics.change_to_write.observe(time.monotonic() - since)
                 return ""
             if applied.conflict is None:
                 return applied.error
             why = f"{applied.conflict.key} changed while it was judged"
             self.seat.refresh(applied.conflict)
         return f"{why}, {retries + 1} times; it is judged again at its next change"
+
+
+def earliest(a: float, b: float) -> float:
+    """The earlier of two change times, where 0 means none."""
+    return min(a, b) if a and b else a or b

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mesh_provisioner.actors.base import InFlight, Seat, SeatActor
+from mesh_provisioner.actors.base import InFlight, Seat, SeatActor, earliest
 from mesh_provisioner.messages.protocol import Rejudge, Resync, Tick
 from mesh_provisioner.rules.view import bound
 
@@ -20,11 +20,13 @@ class BoundActor(SeatActor):
         super().__init__(f"bound:{provider}", seat, in_flight, retries)
         self.provider = provider
         self.keys: set[str] = set()
+        self.since = 0.0
 
     def handle(self, message: Any) -> Any:
         """Gather keys until the tick, then judge each once."""
         if isinstance(message, Rejudge):
             self.keys |= message.keys
+            self.since = earliest(self.since, message.at)
             self.tick()
         elif isinstance(message, Resync):
             view = self.seat.view
@@ -33,5 +35,6 @@ class BoundActor(SeatActor):
         elif isinstance(message, Tick):
             self.ticking = False
             keys, self.keys = sorted(self.keys), set()
-            self.rejudge_keys(keys)
+            since, self.since = self.since, 0.0
+            self.rejudge_keys(keys, since)
         return None

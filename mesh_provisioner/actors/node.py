@@ -11,7 +11,7 @@ import logging
 import threading
 from typing import Any
 
-from mesh_provisioner.actors.base import InFlight, Seat, SeatActor
+from mesh_provisioner.actors.base import InFlight, Seat, SeatActor, earliest
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import Changed, ComposeNode, Look, Rejudge, Resync, Tick
 from mesh_provisioner.messages.writes import Write
@@ -38,6 +38,9 @@ class NodeActor(SeatActor):
         self.dirty = False
         self.keys: set[str] = set()
         self.compositions = 0
+        # The earliest change each pending piece of work answers (monotonic seconds; 0: none, or unknown).
+        self.changed_since = 0.0
+        self.keys_since = 0.0
 
     def handle(self, message: Any) -> Any:
         """Coalesce changes into one tick; compose on the tick or when asked."""
@@ -48,9 +51,11 @@ class NodeActor(SeatActor):
             self._rejudge_pending()
         elif isinstance(message, Changed | Resync):
             self.dirty = True
+            self.changed_since = earliest(self.changed_since, getattr(message, "at", 0.0))
             self.tick()
         elif isinstance(message, Rejudge):
             self.keys |= message.keys
+            self.keys_since = earliest(self.keys_since, message.at)
             self.tick()
         elif isinstance(message, ComposeNode):
             composed = self.compose()
@@ -61,6 +66,7 @@ class NodeActor(SeatActor):
     def compose(self) -> r.Composed:
         """Compose the node now, writing by compare-and-set; answers what the composition did."""
         self.dirty = False
+        since, self.changed_since = self.changed_since, 0.0
         result: list[r.Composed] = []
 
         def judge() -> list[Write]:
@@ -70,10 +76,11 @@ class NodeActor(SeatActor):
 
         if self.parallel is not None:
             with self.parallel:
-                why = self.write(judge, self.retries)
+                why = self.write(judge, self.retries, since)
         else:
-            why = self.write(judge, self.retries)
+            why = self.write(judge, self.retries, since)
         self.compositions += 1
+        self.seat.metrics.compositions.inc()
         composed = result[0]
         if why:
             composed.problems.append(f"the composition of {self.node} is not all written: {why}")
@@ -85,4 +92,5 @@ class NodeActor(SeatActor):
 
     def _rejudge_pending(self) -> None:
         keys, self.keys = sorted(self.keys), set()
-        self.rejudge_keys(keys)
+        since, self.keys_since = self.keys_since, 0.0
+        self.rejudge_keys(keys, since)

@@ -16,6 +16,9 @@ class Message(msgspec.Struct, frozen=True, tag=True):
 class Changed(Message, frozen=True):
     """Something a node's composition reads changed: compose it again (coalesced with any other pending)."""
 
+    at: float = 0.0
+    """When the change reached the cache (monotonic seconds), to measure the time to its write; 0: unknown."""
+
 
 class Tick(Message, frozen=True):
     """To an actor from itself: do all that is pending, once (coalescing)."""
@@ -25,6 +28,8 @@ class Rejudge(Message, frozen=True):
     """Judge these keys again from their providers' outcomes."""
 
     keys: frozenset[str]
+    at: float = 0.0
+    """When the change reached the cache (monotonic seconds); 0: unknown."""
 
 
 class ComposeNode(Message, frozen=True):
