@@ -11,6 +11,9 @@ import threading
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Final, NamedTuple
+
+import msgspec
 
 from mesh_provisioner.bus.connection import connect_options
 from mesh_provisioner.bus.embedded import EmbeddedServer
@@ -20,7 +23,6 @@ from mesh_provisioner.bus.snapshot import snapshot_of
 from mesh_provisioner.config import Config
 from mesh_provisioner.messages.writes import Put
 from mesh_provisioner.rules.settle import settle
-from mesh_provisioner.rules.view import DEFAULT_BOUND_READS
 from mesh_provisioner.samples import sample_mesh
 from mesh_provisioner.seat import Seat
 from mesh_provisioner.show import tables
@@ -29,17 +31,54 @@ from mesh_provisioner.supervisor import Supervisor
 log = logging.getLogger("mesh_provisioner.cli")
 
 
+class Option(NamedTuple):
+    """One setting of the command line: its flag, its environment variable, and the config field it fills."""
+
+    flag: str
+    env: str
+    field: str
+    help: str
+    kind: type = str
+
+
+# Every setting the seat takes, each also from the environment (the README's table lists them).
+OPTIONS: Final = (
+    Option("--nats", "NATS_URL", "nats", "NATS server URL(s), comma-separated: a cluster"),
+    Option("--creds", "NATS_CREDS", "creds", "a NATS credentials file (JWT and NKey seed)"),
+    Option("--nkey", "NATS_NKEY", "nkey", "an NKey seed file"),
+    Option("--user", "NATS_USER", "user", "user name"),
+    Option("--password", "NATS_PASSWORD", "password", "password"),
+    Option("--token", "NATS_TOKEN", "token", "an authentication token"),
+    Option("--tls-ca", "NATS_TLS_CA", "tls_ca", "CA certificate(s) to verify the servers with"),
+    Option("--tls-cert", "NATS_TLS_CERT", "tls_cert", "client certificate"),
+    Option("--tls-key", "NATS_TLS_KEY", "tls_key", "client certificate's key"),
+    Option("--bound-reads", "MESH_PROVISIONER_BOUND_READS", "bound_reads",
+           "the providers whose <provider>.bound entries are read, comma-separated"),
+    Option("--max-parallel", "MESH_PROVISIONER_MAX_PARALLEL", "max_parallel",
+           "compositions at once; 0: no bound, 1: one node at a time", int),
+    Option("--lease-seconds", "MESH_PROVISIONER_LEASE_SECONDS", "lease_seconds",
+           "the seat's lease time, the max age of its lease bucket", float),
+    Option("--router-key", "MESH_PROVISIONER_ROUTER_KEY", "router_key",
+           "the asks router's ed25519 public key (base64): answers are taken only with its signature"),
+    Option("--metrics-addr", "MESH_PROVISIONER_METRICS_ADDR", "metrics_addr",
+           "host:port serving /metrics, /healthz and /readyz"),
+)
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line: global options, then a command."""
     p = argparse.ArgumentParser(prog="mesh-provisioner", description=__doc__)
-    env = os.environ.get
-    p.add_argument("--nats", default=env("NATS_URL", "nats://127.0.0.1:4222"),
-                   help="NATS server URL(s), comma-separated (env NATS_URL)")
-    p.add_argument("--bound-reads", default=env("MESH_PROVISIONER_BOUND_READS", ",".join(DEFAULT_BOUND_READS)),
-                   help="the providers whose <provider>.bound entries are read, comma-separated")
-    p.add_argument("--max-parallel", type=int, default=0,
-                   help="compositions at once; 0: no bound, 1: one node at a time")
-    p.add_argument("--log-level", default=os.environ.get("MESH_PROVISIONER_LOG_LEVEL", "INFO"))
+    defaults = Config()
+    for o in OPTIONS:
+        default = getattr(defaults, o.field)
+        shown = ",".join(default) if isinstance(default, tuple) else default
+        p.add_argument(o.flag, dest=o.field, type=o.kind, default=o.kind(os.environ.get(o.env, shown)),
+                       help=f"{o.help} (env {o.env})")
+    p.add_argument("--log-level", default=os.environ.get("MESH_PROVISIONER_LOG_LEVEL", "INFO"),
+                   help="DEBUG, INFO, WARNING or ERROR (env MESH_PROVISIONER_LOG_LEVEL)")
+    p.add_argument("--log-format", choices=("text", "json"),
+                   default=os.environ.get("MESH_PROVISIONER_LOG_FORMAT", "text"),
+                   help="one line of text, or one JSON object, per record (env MESH_PROVISIONER_LOG_FORMAT)")
     sub = p.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("reconcile", help="compose every node and judge every key once, then exit")
     rec.add_argument("--timeout", type=float, default=120.0, help="seconds to settle before giving up")
@@ -52,8 +91,31 @@ def parser() -> argparse.ArgumentParser:
 
 def config_of(args: argparse.Namespace) -> Config:
     """The seat's config from the command line."""
-    reads = tuple(p.strip() for p in args.bound_reads.split(",") if p.strip())
-    return Config(nats=args.nats, bound_reads=reads, max_parallel=args.max_parallel)
+    values = {o.field: getattr(args, o.field) for o in OPTIONS}
+    values["bound_reads"] = tuple(p.strip() for p in values["bound_reads"].split(",") if p.strip())
+    return Config(**values)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per log record: time, level, logger, message, and the exception when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as one line of JSON."""
+        out = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"), "level": record.levelname,
+               "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return msgspec.json.encode(out).decode()
+
+
+def configure_logging(level: str, form: str) -> None:
+    """The process's logging: to stderr, as text or JSON (the seat itself never configures logging)."""
+    handler = logging.StreamHandler(sys.stderr)
+    if form == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
 def reconcile(config: Config, timeout: float) -> int:
@@ -111,7 +173,7 @@ def serve(config: Config) -> int:
 def demo(config: Config, keep: bool) -> int:
     """A nats-server of its own, the sample mesh loaded, the seat run until settled, and the tables printed."""
     with EmbeddedServer() as server:
-        config = Config(nats=server.url, bound_reads=config.bound_reads, max_parallel=config.max_parallel)
+        config = msgspec.structs.replace(config, nats=server.url)
         with EventLoopThread() as loop:
             loop.run(load_states(server.url, sample_mesh()), 30)
         sup = Supervisor.start(config)
@@ -134,8 +196,7 @@ def demo(config: Config, keep: bool) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; the process's exit code."""
     args = parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    configure_logging(args.log_level, args.log_format)
     config = config_of(args)
     try:
         if args.command == "reconcile":

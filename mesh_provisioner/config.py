@@ -37,6 +37,8 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     tls_ca: str = ""
     tls_cert: str = ""
     tls_key: str = ""
+    metrics_addr: str = ""
+    """`host:port` to serve `/metrics`, `/healthz` and `/readyz` on; "" serves nothing."""
     router_key: str = ""
     """The router's ed25519 public key; when set, a warrant is taken only with a valid signature."""
 

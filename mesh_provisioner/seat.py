@@ -17,6 +17,7 @@ from mesh_provisioner.bus.connection import connect_config, ensure_buckets
 from mesh_provisioner.bus.lease import SeatLease
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.config import Config
+from mesh_provisioner.metrics import HttpEndpoint, Metrics
 from mesh_provisioner.supervisor import Supervisor
 
 log = logging.getLogger("mesh_provisioner.seat")
@@ -33,6 +34,27 @@ class Seat:
         self.lease = SeatLease(self.nc, config.lease_seconds)
         self.supervisor: Supervisor | None = None
         self.on_hold = on_hold or (lambda _: None)
+        self.metrics = Metrics()
+        self.metrics.seat_held.set_function(lambda: 1.0 if self.lease.held else 0.0)
+        self.http: HttpEndpoint | None = None
+        if config.metrics_addr:
+            self.http = HttpEndpoint(config.metrics_addr, self.metrics.registry, healthy=self.healthy, ready=self.ready)
+
+    def healthy(self) -> str:
+        """Why this process is not alive and well ("" when it is): its supervisor gave up."""
+        sup = self.supervisor
+        if sup is not None and sup.failed.done() and sup.failed.result():
+            return sup.failed.result()
+        return ""
+
+    def ready(self) -> str:
+        """Why this process is not doing the seat's work ("" when it is): the lease held and the cache synced."""
+        if not self.lease.held:
+            return "this process does not hold the seat's lease (a standby)"
+        sup = self.supervisor
+        if sup is None or not sup.cache.synced:
+            return "the cache is not synchronised yet"
+        return ""
 
     def take(self, stop: threading.Event, timeout: float | None = None) -> bool:
         """Wait until this process holds the lease (True), or stop is set or the timeout passes (False)."""
@@ -57,7 +79,9 @@ class Seat:
     def hold(self, stop: threading.Event) -> tuple[str, bool]:
         """Run the actors while the lease is renewed; answers why holding ended ("" when stop was set) and
         whether it ended because the supervisor gave up (past its restart intensity)."""
-        sup = Supervisor.start(self.config, nc=self.nc, loop=self.loop.loop, guard=self.lease.guard)
+        sup = Supervisor.start(
+            self.config, nc=self.nc, loop=self.loop.loop, guard=self.lease.guard, metrics=self.metrics
+        )
         self.supervisor = sup
         self.on_hold(sup)
         why, gave_up = "", False
@@ -94,7 +118,9 @@ class Seat:
             self.close()
 
     def close(self) -> None:
-        """Give the lease back and close the connection."""
+        """Give the lease back, close the connection, stop serving metrics."""
+        if self.http is not None:
+            self.http.stop()
         try:
             self.loop.run(self.lease.give_back(), self.config.request_timeout)
             self.loop.run(self.nc.close(), self.config.request_timeout)

@@ -53,6 +53,7 @@ from mesh_provisioner.messages.protocol import (
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.metrics import Metrics
 from mesh_provisioner.rules.retire import retire_needs
+from mesh_provisioner.rules.signature import make_verify
 from mesh_provisioner.rules.view import Entry, MemoryView
 from mesh_provisioner.rules.wakes import known_nodes, woken_by
 
@@ -78,13 +79,15 @@ class SupervisorFailed(RuntimeError):
 class Supervisor:
     """One seat: its bus, its children, and the API a host, a test or a chaos tool uses."""
 
-    def __init__(self, config: Config, loop: EventLoopThread, nc: Client, *, owns_nc: bool) -> None:
+    def __init__(
+        self, config: Config, loop: EventLoopThread, nc: Client, *, owns_nc: bool, metrics: Metrics | None = None
+    ) -> None:
         self.config = config
         self.loop = loop
         self.nc = nc
         self.owns_nc = owns_nc
         self.in_flight = InFlight()
-        self.metrics = Metrics()
+        self.metrics = metrics or Metrics()
         self.metrics.cache_keys.set_function(lambda: len(self.cache.view))
         self.cache = Cache(nc, bound_reads=config.bound_reads, on_change=self._changed, on_resync=self._resynced)
         self.store = Store(nc, self.cache)
@@ -101,6 +104,8 @@ class Supervisor:
         self.failed: Future[str] = Future()
         self._parallel = threading.BoundedSemaphore(config.max_parallel) if config.max_parallel > 0 else None
         self._clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+        # It answers only its router: a warrant is taken only with its valid signature.
+        self._verify = make_verify(config.router_key) if config.router_key else None
         self.ref = _SupervisorActor.start(self)
 
     # ---- starting and stopping ------------------------------------------------------------------------------
@@ -114,6 +119,7 @@ class Supervisor:
         loop: Any = None,
         clock: Callable[[], datetime] | None = None,
         guard: Callable[[], str] | None = None,
+        metrics: Metrics | None = None,
     ) -> Supervisor:
         """Connect (or take the host's connection and loop), fill the cache, and start every child.
 
@@ -123,7 +129,7 @@ class Supervisor:
         owns = nc is None
         if nc is None:
             nc = thread.run(connect_config(config), config.request_timeout * 3)
-        sup = cls(config, thread, nc, owns_nc=owns)
+        sup = cls(config, thread, nc, owns_nc=owns, metrics=metrics)
         if clock is not None:
             sup._clock = clock
         sup.store.guard = guard
@@ -235,8 +241,8 @@ class Supervisor:
         self.loop.run(self.asks.publish(ask), self.config.request_timeout)
 
     def verify(self, warrant: r.Warrant) -> str:
-        """Why a warrant's signature is refused; no key configured means none is required."""
-        return ""
+        """Why a warrant's signature is refused; with no router key configured, none is required."""
+        return self._verify(warrant) if self._verify is not None else ""
 
     def killed(self, urn: str) -> bool:
         """Whether an actor instance was killed through the chaos API."""

@@ -13,6 +13,7 @@ is waited for (see `cache.py`).
 from __future__ import annotations
 
 import logging
+import ssl
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
@@ -192,6 +193,11 @@ def connect_options(config: Config) -> dict[str, Any]:
         options["user_credentials"] = config.creds
     if config.nkey:
         options["nkeys_seed"] = config.nkey
+    if config.tls_ca or config.tls_cert:
+        tls = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=config.tls_ca or None)
+        if config.tls_cert:
+            tls.load_cert_chain(config.tls_cert, config.tls_key or None)
+        options["tls"] = tls
     return options
 
 
