@@ -2,8 +2,9 @@
 
 Compositions read memory, not the network (design.md). The cache owns a `MemoryView` and fills it from one
 key-value watch per state: the states the rules read (contract section 2: `READS`, each BoundReads provider's
-`<provider>.bound`, `asks.records`) and the seat's own (section 4, `OWN`). Each watch first loads the bucket's
-current values, then follows its changes; every change it applies is told to a listener.
+`<provider>.bound`, `asks.records`), the seat's own (section 4, `OWN`), and `applied` and `collect` for the verb
+(section 9). Each watch first loads the bucket's current values, then follows its changes; every change it applies
+is told to a listener.
 
 - A bucket that does not exist yet is waited for (section 2): logged once, retried with backoff and woken at
   once by JetStream's stream-created advisory. It never stops the seat.
@@ -35,7 +36,9 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue, StopIterSentinel
 
 from mesh_provisioner.bus.connection import link, open_bucket, stream_of
 from mesh_provisioner.rules.view import (
+    APPLIED,
     ASK_RECORDS,
+    COLLECT,
     DEFAULT_BOUND_READS,
     OWN,
     READS,
@@ -58,8 +61,9 @@ _INACTIVE_THRESHOLD: Final = 30.0
 
 
 def watched_states(bound_reads: Iterable[str] = DEFAULT_BOUND_READS) -> tuple[str, ...]:
-    """Every state the cache watches: what the rules read (section 2) and the seat's own (section 4)."""
-    return (*READS, *(bound(p) for p in bound_reads), ASK_RECORDS, *OWN)
+    """Every state the cache watches: what the rules read (section 2), the seat's own (section 4), and what the
+    verb reads (section 9: `applied` and `collect`, which each machine's provisioner client writes)."""
+    return (*READS, *(bound(p) for p in bound_reads), ASK_RECORDS, *OWN, APPLIED, COLLECT)
 
 
 def _content(entry: KeyValue.Entry) -> tuple[bytes | None, int]:
