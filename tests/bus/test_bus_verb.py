@@ -1,0 +1,156 @@
+"""Contract 9 on a real nats-server: the verb as a NATS micro service, answered from the watched cache."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from helpers import NatsServer, seed_buckets, wait_until
+from nats.aio.client import Client
+from nats.micro.service import Service
+
+from mesh_provisioner.bus.cache import Cache
+from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.bus.verb import SERVICE_NAME, SUBJECT, serve_verb, version
+from mesh_provisioner.rules.view import APPLIED, COLLECT, PLANS, PROVISIONS, REFUSED, MemoryView, bucket
+
+STATES = (PLANS, PROVISIONS, REFUSED, APPLIED, COLLECT)
+
+VALUES: dict[str, dict[str, Any]] = {
+    PLANS: {
+        "ace.gitea": {"node": "ace", "module": "gitea", "plan": {"provisions": [
+            {"provision": "postgres-database", "local": "main", "provider": "ace", "provider-module": "postgres"}]}},
+        "bee.webapp": {"node": "bee", "module": "webapp", "plan": {"provisions": []}},
+    },
+    PROVISIONS: {
+        "ace.gitea.postgres-database.main": {"provision": "postgres-database", "local": "main", "state": "provided",
+                                             "consumer": {"module": "gitea", "node": "ace"},
+                                             "provider": {"module": "postgres", "node": "ace"}, "v": 1},
+        "bee.webapp.oidc-client": {"provision": "oidc-client", "state": "asked",
+                                   "consumer": {"module": "webapp", "node": "bee"},
+                                   "provider": {"module": "keycloak", "node": "ace"}, "v": 1},
+    },
+    REFUSED: {"bee.reports": {"node": "bee", "module": "reports", "why": "no placed module provides object-storage"}},
+    APPLIED: {"ace.gitea": {"at": "2026-12-02T17:42:55Z"}},
+    COLLECT: {"dns.ace.gitea": {"items": ["git.example"]}, "tls.bee.webapp": {"items": ["app.example"]}},
+}
+
+
+def put(loop: EventLoopThread, client: Client, state: str, key: str, value: Any) -> None:
+    async def go() -> None:
+        kv = await client.jetstream().key_value(bucket(state))
+        await kv.put(key, json.dumps(value).encode())
+
+    loop.run(go(), 10)
+
+
+class Served:
+    """A seat's cache of the verb's states and the verb served from it; requests as another module makes them."""
+
+    def __init__(self, loop: EventLoopThread, nc: Client, other: Client) -> None:
+        self.loop, self.other = loop, other
+        self.cache = Cache(nc, states=STATES)
+        loop.run(self.cache.start(), 10)
+        loop.run(self.cache.wait_synced(10), 15)
+        self.service: Service = loop.run(serve_verb(nc, self.cache.view), 10)
+
+    def raw(self, subject: str, data: bytes) -> tuple[dict[str, Any], dict[str, str]]:
+        msg = self.loop.run(self.other.request(subject, data, timeout=5), 10)
+        body: dict[str, Any] = json.loads(msg.data)
+        return body, dict(msg.headers or {})
+
+    def ask(self, request: Any) -> dict[str, Any]:
+        return self.raw(SUBJECT, json.dumps(request).encode())[0]
+
+    def keys(self, request: Any) -> list[str]:
+        reply = self.ask(request)
+        assert "error" not in reply, reply
+        return [e["key"] for e in reply["entries"]]
+
+    def stop(self) -> None:
+        self.loop.run(self.service.stop(), 10)
+        self.loop.run(self.cache.stop(), 10)
+
+
+@pytest.fixture
+def served(loop: EventLoopThread, nats_server: NatsServer, nc: Client, other: Client) -> Iterator[Served]:
+    seed_buckets(nats_server.url, STATES)
+    for state, kv in VALUES.items():
+        for key, value in kv.items():
+            put(loop, other, state, key, value)
+    s = Served(loop, nc, other)
+    yield s
+    s.stop()
+
+
+def test_each_what_answers_its_state_with_values_as_json(served: Served) -> None:
+    reply = served.ask({})
+    assert [e["key"] for e in reply["entries"]] == ["ace.gitea.postgres-database.main", "bee.webapp.oidc-client"]
+    assert reply["entries"][0]["value"] == VALUES[PROVISIONS]["ace.gitea.postgres-database.main"]
+    assert served.keys({"what": "plans"}) == ["ace.gitea", "bee.webapp"]
+    assert served.keys({"what": "refused"}) == ["bee.reports"]
+    assert served.ask({"what": "applied"}) == {"entries": [{"key": "ace.gitea", "value": VALUES[APPLIED]["ace.gitea"]}]}
+    assert served.keys({"what": "collect"}) == ["dns.ace.gitea", "tls.bee.webapp"]
+
+
+def test_filters(served: Served) -> None:
+    assert served.keys({"node": "bee"}) == ["bee.webapp.oidc-client"]
+    assert served.keys({"what": "provisions", "node": "ace", "module": "gitea"}) == ["ace.gitea.postgres-database.main"]
+    assert served.keys({"what": "plans", "module": "webapp"}) == ["bee.webapp"]
+    assert served.keys({"what": "collect", "collection": "tls"}) == ["tls.bee.webapp"]
+    assert served.keys({"what": "collect", "node": "ace", "module": "gitea"}) == ["dns.ace.gitea"]
+    assert served.keys({"what": "applied", "node": "bee"}) == []
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        (b"plans please", "the request is not JSON"),
+        (b'{"what": "registry"}', "the request asks for 'registry', which is none of"),
+        (b'{"node": "ace.>"}', "the request's node 'ace.>' is not a token"),
+    ],
+)
+def test_errors_are_answered_with_why(served: Served, data: bytes, error: str) -> None:
+    body, headers = served.raw(SUBJECT, data)
+    assert list(body) == ["error"]
+    assert body["error"].startswith(error)
+    assert headers["Nats-Service-Error-Code"] == "400"
+
+
+def test_answers_follow_the_bus(served: Served, loop: EventLoopThread, other: Client) -> None:
+    put(loop, other, APPLIED, "bee.webapp", {"at": "2026-12-02T18:00:00Z"})
+    wait_until(lambda: served.keys({"what": "applied"}) == ["ace.gitea", "bee.webapp"], what="the new key answered")
+
+
+def test_discoverable_by_ping_and_info(served: Served) -> None:
+    ping, _ = served.raw(f"$SRV.PING.{SERVICE_NAME}", b"")
+    assert (ping["type"], ping["name"], ping["version"], ping["id"]) == (
+        "io.nats.micro.v1.ping_response", "mesh-provisioner", version(), served.service.id)
+    everyone, _ = served.raw("$SRV.PING", b"")
+    assert everyone["name"] == "mesh-provisioner"
+    info, _ = served.raw(f"$SRV.INFO.{SERVICE_NAME}", b"")
+    assert info["type"] == "io.nats.micro.v1.info_response"
+    assert [(e["name"], e["subject"]) for e in info["endpoints"]] == [("provisioning", "mesh-provisioner.provisioning")]
+    assert "contract 9" in info["description"]
+    served.ask({"what": "plans"})
+    stats, _ = served.raw(f"$SRV.STATS.{SERVICE_NAME}.{served.service.id}", b"")
+    assert stats["endpoints"][0]["num_requests"] >= 1
+
+
+def test_a_view_given_as_a_callable_is_read_at_each_request(loop: EventLoopThread, nc: Client, other: Client) -> None:
+    views = [MemoryView()]
+    service = loop.run(serve_verb(nc, lambda: views[-1], service_version="1.2.3"), 10)
+    try:
+        msg = loop.run(other.request(SUBJECT, b'{"what": "plans"}', timeout=5), 10)
+        assert json.loads(msg.data) == {"entries": []}
+        fresh = MemoryView()
+        fresh.put(PLANS, "ace.gitea", json.dumps(VALUES[PLANS]["ace.gitea"]).encode(), 1)
+        views.append(fresh)
+        msg = loop.run(other.request(SUBJECT, b'{"what": "plans"}', timeout=5), 10)
+        assert [e["key"] for e in json.loads(msg.data)["entries"]] == ["ace.gitea"]
+        ping = loop.run(other.request(f"$SRV.PING.{SERVICE_NAME}", b"", timeout=5), 10)
+        assert json.loads(ping.data)["version"] == "1.2.3"
+    finally:
+        loop.run(service.stop(), 10)
