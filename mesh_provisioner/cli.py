@@ -17,7 +17,7 @@ import msgspec
 
 from mesh_provisioner.bus.connection import connect_options
 from mesh_provisioner.bus.embedded import EmbeddedServer
-from mesh_provisioner.bus.loader import load_states
+from mesh_provisioner.bus.loader import load_states, router_stream
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.snapshot import snapshot_of
 from mesh_provisioner.config import Config
@@ -176,6 +176,7 @@ def demo(config: Config, keep: bool) -> int:
         config = msgspec.structs.replace(config, nats=server.url)
         with EventLoopThread() as loop:
             loop.run(load_states(server.url, sample_mesh()), 30)
+            loop.run(router_stream(server.url), 30)
         sup = Supervisor.start(config)
         try:
             if not sup.wait_settled(60):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from nats.js.api import StreamConfig
+
 from mesh_provisioner.bus.connection import connect
 from mesh_provisioner.rules.view import bucket
 
@@ -18,5 +20,18 @@ async def load_states(url: str, states: dict[str, dict[str, bytes]]) -> int:
                 await kv.put(key, value)
                 n += 1
         return n
+    finally:
+        await nc.close()
+
+
+async def router_stream(url: str, duplicate_window: float = 24 * 3600.0) -> None:
+    """Create the stream a router of asks keeps (`asks` on `asks.ask.>`), as the demo's stand-in for the router.
+
+    Its duplicate window is what de-duplicates an ask published again under the same `Nats-Msg-Id`.
+    """
+    nc = await connect([url])
+    try:
+        config = StreamConfig(name="asks", subjects=["asks.ask.>"], duplicate_window=duplicate_window)
+        await nc.jetstream().add_stream(config)
     finally:
         await nc.close()
