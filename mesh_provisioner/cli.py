@@ -23,9 +23,10 @@ from mesh_provisioner.bus.snapshot import snapshot_of
 from mesh_provisioner.config import Config
 from mesh_provisioner.messages.writes import Put
 from mesh_provisioner.rules.settle import settle
+from mesh_provisioner.rules.view import OWN
 from mesh_provisioner.samples import sample_mesh
 from mesh_provisioner.seat import Seat
-from mesh_provisioner.show import tables
+from mesh_provisioner.show import GRAPH, SHOWN, check, render, tables
 from mesh_provisioner.supervisor import Supervisor
 
 log = logging.getLogger("mesh_provisioner.cli")
@@ -86,6 +87,13 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", help="run on events until SIGTERM or SIGINT")
     demo = sub.add_parser("demo", help="run the seat on an embedded nats-server and a sample mesh")
     demo.add_argument("--serve", action="store_true", help="keep running after the tables, until interrupted")
+    show_p = sub.add_parser("show", help="print the seat's plans, provisions or refusals, or draw them as a graph")
+    show_p.add_argument("what", choices=[*SHOWN, GRAPH], help="what to show; graph: Graphviz DOT of the provisions")
+    show_p.add_argument("--node", default="", help="only this node's keys")
+    show_p.add_argument("--module", default="", help="only this module's keys (a provision's consumer)")
+    show_p.add_argument("--state", default="", help="only provisions in this state (provided, asked, waits, ...)")
+    show_p.add_argument("--json", action="store_true", help='as the verb answers: {"entries": [{"key", "value"}]}')
+    show_p.add_argument("--timeout", type=float, default=30.0, help="seconds to read the bus before giving up")
     return p
 
 
@@ -194,6 +202,21 @@ def demo(config: Config, keep: bool) -> int:
             sup.stop()
 
 
+def show(config: Config, args: argparse.Namespace) -> int:
+    """Read the seat's states once (contract section 4) and print them: a table, JSON, or Graphviz DOT."""
+    why = check(args.what, args.state, args.json, bool(args.node or args.module))
+    if why:
+        log.error("%s", why)
+        return 2
+    # One try at each server: a reader that cannot reach the bus says so rather than waiting for ever.
+    options = {**connect_options(config), "max_reconnect_attempts": 1}
+    with EventLoopThread() as loop:
+        view = loop.run(snapshot_of(config.servers(), options, bound_reads=config.bound_reads, states=OWN,
+                                    timeout=args.timeout), args.timeout + 5)
+    print(render(view, args.what, args.node, args.module, args.state, args.json))  # noqa: T201
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; the process's exit code."""
     args = parser().parse_args(argv)
@@ -204,6 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return dry_run(config) if args.dry_run else reconcile(config, args.timeout)
         if args.command == "serve":
             return serve(config)
+        if args.command == "show":
+            return show(config, args)
         return demo(config, args.serve)
     except Exception as err:
         log.error("mesh-provisioner could not run: %s", err)
