@@ -76,5 +76,7 @@ async def serve_verb(nc: Client, view: View | Callable[[], View], *, service_ver
         EndpointConfig(name=ENDPOINT_NAME, subject=SUBJECT, handler=handle,
                        metadata={"what": "|".join(verb.STATES), "default": verb.DEFAULT_WHAT})
     )
+    # nats-py subscribes an endpoint without flushing: the verb answers from the moment this returns.
+    await nc.flush()
     log.info("serving the verb on %s as service %s %s", SUBJECT, SERVICE_NAME, service.id)
     return service
