@@ -13,13 +13,21 @@ from mesh_provisioner.rules.view import DEFAULT_BOUND_READS, MemoryView
 
 
 async def snapshot(
-    nc: Client,
+    nc: Client | str,
     *,
     bound_reads: Iterable[str] = DEFAULT_BOUND_READS,
     states: Iterable[str] | None = None,
     timeout: float = 60.0,
 ) -> MemoryView:
-    """Every key of the states (default: all the seat watches) as they are now, in a view of their own."""
+    """Every key of the states (default: all the seat watches) as they are now, in a view of their own.
+
+    `nc` is a connection, or server URLs (comma-separated) for a connection of its own, tried once and closed after.
+    A bucket that does not exist is read as empty.
+    """
+    if isinstance(nc, str):
+        servers = [u.strip() for u in nc.split(",") if u.strip()]
+        return await snapshot_of(servers, {"max_reconnect_attempts": 1}, bound_reads=bound_reads, states=states,
+                                 timeout=timeout)
     cache = Cache(nc, bound_reads=bound_reads, states=states)
     await cache.start()
     try:
