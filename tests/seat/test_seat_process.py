@@ -1,0 +1,287 @@
+"""The seat as an operator runs it (contract section 8, the production issue): held once, observable, stopped cleanly.
+
+Each test runs `python -m mesh_provisioner` as real processes against a real nats-server on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats
+import nats.js.errors
+import pytest
+from helpers import NatsServer, free_port, wait_until
+
+from mesh_provisioner.bus.connection import ensure_buckets
+from mesh_provisioner.bus.lease import HOLDER_KEY, SeatLease
+from mesh_provisioner.bus.loader import load_states
+from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.bus.store import Store
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.messages.writes import Put
+from mesh_provisioner.rules.view import PLANS, PROVISIONS, SEAT, bucket
+from mesh_provisioner.samples import sample_mesh
+
+LEASE = 2.0
+
+
+@pytest.fixture
+def bus(nats_server: NatsServer) -> Iterator[tuple[NatsServer, EventLoopThread]]:
+    """A server loaded with the sample mesh, and a loop to read it from."""
+    with EventLoopThread() as loop:
+        loop.run(load_states(nats_server.url, sample_mesh()), 30)
+        yield nats_server, loop
+
+
+def seat(url: str, *args: str, metrics: int = 0) -> subprocess.Popen[bytes]:
+    """A seat process serving on the bus, with a short lease."""
+    extra = ["--metrics-addr", f"127.0.0.1:{metrics}"] if metrics else []
+    cmd = [sys.executable, "-m", "mesh_provisioner", "--nats", url, "--lease-seconds", str(LEASE), *extra, *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def holder(loop: EventLoopThread, url: str) -> r.Lease | None:
+    """The lease record on the bus now, None when no one holds the seat."""
+
+    async def read() -> r.Lease | None:
+        nc = await nats.connect(url)
+        try:
+            try:
+                kv = await nc.jetstream().key_value(bucket(SEAT))
+            except nats.js.errors.BucketNotFoundError:
+                return None
+            try:
+                entry = await kv.get(HOLDER_KEY)
+            except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+                return None
+            return r.decode(r.Lease, entry.value or b"")
+        finally:
+            await nc.close()
+
+    return loop.run(read(), 10)
+
+
+def revisions(loop: EventLoopThread, url: str) -> dict[str, int]:
+    """The last revision of each of the seat's written buckets."""
+
+    async def read() -> dict[str, int]:
+        nc = await nats.connect(url)
+        try:
+            js = nc.jetstream()
+            return {s: (await js.stream_info(f"KV_{bucket(s)}")).state.last_seq for s in (PLANS, PROVISIONS)}
+        finally:
+            await nc.close()
+
+    return loop.run(read(), 10)
+
+
+def stop(p: subprocess.Popen[bytes]) -> int:
+    """SIGTERM a process and answer its exit code."""
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+    try:
+        return p.wait(30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_8_standby_takes_over_within_twice_the_lease_after_sigkill(bus: tuple[NatsServer, EventLoopThread]) -> None:
+    server, loop = bus
+    a = seat(server.url, "serve")
+    try:
+        wait_until(lambda: (h := holder(loop, server.url)) is not None and h.pid == a.pid, 30, 0.05, "a holds")
+        b = seat(server.url, "serve")
+        try:
+            # b waits as a standby while a holds: it never takes the lease from a live holder.
+            wait_until(lambda: b.poll() is None and getattr(holder(loop, server.url), "pid", 0) == a.pid, 5, 0.2,
+                       "b waits")
+            a.send_signal(signal.SIGKILL)
+            killed = time.monotonic()
+            wait_until(lambda: (h := holder(loop, server.url)) is not None and h.pid == b.pid, 2 * LEASE + 5,
+                       0.05, "b takes over")
+            took = time.monotonic() - killed
+            print(f"takeover after SIGKILL: {took:.2f} s with a lease of {LEASE:g} s")  # noqa: T201
+            assert took < 2 * LEASE + 1
+            assert stop(b) == 0
+            # A clean exit gives the lease back.
+            assert holder(loop, server.url) is None
+        finally:
+            stop(b)
+    finally:
+        stop(a)
+
+
+def test_8_a_holder_that_cannot_renew_stops_writing_at_once(bus: tuple[NatsServer, EventLoopThread]) -> None:
+    server, loop = bus
+
+    async def scenario() -> tuple[str, str]:
+        nc = await nats.connect(server.url, max_reconnect_attempts=-1)
+        try:
+            await ensure_buckets(nc.jetstream(), lease=LEASE)
+            lease = SeatLease(nc, LEASE)
+            assert await lease.take()
+            store = Store(nc, timeout=0.5)
+            store.guard = lease.guard
+            plan = b'{"node":"zed","module":"mod","plan":{"provisions":[]}}'
+            held = await store.apply([Put(PLANS, "zed.mod", plan, 0)])
+            assert held.ok
+            server.pause()
+            try:
+                renewed = await lease.renew()
+            finally:
+                server.resume()
+            assert not renewed
+            # From the failed renewal on, every write is refused before it reaches the bus.
+            refused = await store.apply([Put(PLANS, "zed.other", b"{}", 0)])
+            return lease.guard(), refused.error
+        finally:
+            await nc.close()
+
+    guard, error = loop.run(scenario(), 60)
+    assert guard == "this process does not hold the seat's lease"
+    assert "does not hold the seat's lease" in error
+
+
+def test_8_reconcile_dry_run_needs_no_lease_and_writes_nothing(bus: tuple[NatsServer, EventLoopThread]) -> None:
+    server, loop = bus
+    a = seat(server.url, "serve")
+    try:
+        wait_until(lambda: (h := holder(loop, server.url)) is not None and h.pid == a.pid, 30, 0.05, "a holds")
+        # A quiet seat: wait until the seat's buckets stop moving.
+        before = wait_until(lambda: _quiet(loop, server.url), 30, 0.3, "the seat settles")
+        dry = subprocess.run([sys.executable, "-m", "mesh_provisioner", "--nats", server.url, "reconcile", "--dry-run"],
+                             capture_output=True, text=True, timeout=60)
+        assert dry.returncode == 0, dry.stderr
+        assert dry.stdout.strip().endswith("0 write(s) would be made")
+        assert revisions(loop, server.url) == before
+        # The holder is still a (a dry run takes no lease).
+        assert holder(loop, server.url).pid == a.pid  # type: ignore[union-attr]
+    finally:
+        assert stop(a) == 0
+
+
+def test_8_reconcile_waits_for_the_lease_and_gives_up_past_its_timeout(bus: tuple[NatsServer, EventLoopThread]) -> None:
+    server, loop = bus
+    a = seat(server.url, "serve")
+    try:
+        wait_until(lambda: (h := holder(loop, server.url)) is not None and h.pid == a.pid, 30, 0.05, "a holds")
+        rec = subprocess.run([sys.executable, "-m", "mesh_provisioner", "--nats", server.url, "--lease-seconds",
+                              str(LEASE), "reconcile", "--timeout", "1"], capture_output=True, text=True, timeout=60)
+        assert rec.returncode == 2
+        assert "another process holds the seat" in rec.stderr
+    finally:
+        stop(a)
+
+
+_last: dict[str, int] = {}
+
+
+def _quiet(loop: EventLoopThread, url: str) -> dict[str, int] | None:
+    """The seat's revisions when they did not move since the last look, else None."""
+    now = revisions(loop, url)
+    same = now == _last.get(url)
+    _last[url] = now  # type: ignore[assignment]
+    return now if same and now[PLANS] > 0 else None
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+    except urllib.error.URLError:
+        return 0, ""  # not listening yet
+
+
+def test_4_metrics_and_health_scraped_over_http(bus: tuple[NatsServer, EventLoopThread]) -> None:
+    server, _ = bus
+    port_a, port_b = free_port(), free_port()
+    a = seat(server.url, "serve", metrics=port_a)
+    b = None
+    try:
+        wait_until(lambda: _get(f"http://127.0.0.1:{port_a}/readyz")[0] == 200, 30, 0.05, "a is ready")
+        def composed() -> str | None:
+            text = _get(f"http://127.0.0.1:{port_a}/metrics")[1]
+            return text if _sample(text, "mesh_provisioner_compositions_total") > 0 else None
+
+        metrics = wait_until(composed, 30, 0.1, "a composed")
+        assert _sample(metrics, 'mesh_provisioner_writes_total{state="mesh-provisioner.plans"}') > 0
+        assert _sample(metrics, "mesh_provisioner_seat_held") == 1.0
+        assert _sample(metrics, "mesh_provisioner_cache_keys") > 0
+        assert _sample(metrics, "mesh_provisioner_change_to_write_seconds_count") >= 0
+        assert _get(f"http://127.0.0.1:{port_a}/healthz")[0] == 200
+        # A standby is alive but not ready, and says why.
+        b = seat(server.url, "serve", metrics=port_b)
+        wait_until(lambda: _get(f"http://127.0.0.1:{port_b}/healthz")[0] == 200, 30, 0.05, "b is alive")
+        status, why = _get(f"http://127.0.0.1:{port_b}/readyz")
+        assert status == 503
+        assert "standby" in why
+        assert _sample(_get(f"http://127.0.0.1:{port_b}/metrics")[1], "mesh_provisioner_seat_held") == 0.0
+    finally:
+        if b is not None:
+            stop(b)
+        stop(a)
+
+
+def _sample(text: str, name: str) -> float:
+    """One sample's value from Prometheus text, -1 when it is not there."""
+    for line in text.splitlines():
+        if not line.startswith("#") and line.rsplit(" ", 1)[0] == name:
+            return float(line.rsplit(" ", 1)[1])
+    return -1.0
+
+
+def test_4_json_logs_one_object_per_line(bus: tuple[NatsServer, EventLoopThread]) -> None:
+    server, _ = bus
+    rec = subprocess.run([sys.executable, "-m", "mesh_provisioner", "--nats", server.url, "--log-format", "json",
+                          "reconcile"], capture_output=True, text=True, timeout=60)
+    assert rec.returncode == 0, rec.stderr
+    lines = [json.loads(line) for line in rec.stderr.splitlines() if line.strip()]
+    assert lines
+    assert all({"time", "level", "logger", "message"} <= set(line) for line in lines)
+    assert any(line["logger"] == "mesh_provisioner.actors.node" and "composed" in line["message"] for line in lines)
+
+
+def readme_command(which: int) -> str:
+    """The README's first (0: run) or second (1: test) set-up command, exactly as written."""
+    text = (Path(__file__).parents[2] / "README.md").read_text()
+    blocks = [b.split("```", 1)[0].strip() for b in text.split("```sh\n")[1:]]
+    return blocks[which]
+
+
+@pytest.mark.slow
+def test_4_demo_from_a_fresh_virtualenv_exactly_as_the_readme_says(tmp_path: Path) -> None:
+    root = Path(__file__).parents[2]
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=root, capture_output=True,
+                           text=True, check=True).stdout.split()
+    copy = tmp_path / "checkout"
+    for name in files:
+        src = root / name
+        if src.is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            (copy / name).write_bytes(src.read_bytes())
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    demo = subprocess.run(["bash", "-c", readme_command(0)], cwd=copy, capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    for state in ("provided", "asked", "waits", "failed", "retiring"):
+        assert f"  {state}  " in demo.stdout, state
+    assert "no placed module provides object-storage" in demo.stdout  # a held module
+    assert "published ask retire-bee-oldapp-postgres-database" in demo.stderr  # the retiring key's ask
+
+
+def test_readme_test_command_is_what_ci_runs() -> None:
+    ci = (Path(__file__).parents[2] / ".ci" / "run").read_text()
+    assert readme_command(1).replace(" -q", "") in ci.replace(" -q", "")
+
