@@ -7,6 +7,7 @@ takes over without waiting for it to age out.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from nats.aio.client import Client
 from mesh_provisioner.bus.connection import connect_config, ensure_buckets
 from mesh_provisioner.bus.lease import SeatLease
 from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.bus.verb import serve_verb
 from mesh_provisioner.config import Config
 from mesh_provisioner.metrics import HttpEndpoint, Metrics
 from mesh_provisioner.supervisor import Supervisor
@@ -85,6 +87,8 @@ class Seat:
         self.supervisor = sup
         self.on_hold(sup)
         why, gave_up = "", False
+        # The verb answers from the holder's cache (contract 9); a standby has none, so it serves no verb.
+        verb = self.loop.run(serve_verb(self.nc, sup.view), self.config.request_timeout)
         try:
             while not stop.wait(self.config.lease_seconds / 4):
                 if sup.failed.done():
@@ -96,6 +100,8 @@ class Seat:
         except TimeoutError:
             why = "the seat's lease could not be renewed in time"
         finally:
+            with contextlib.suppress(Exception):  # a bus that is gone has no service left to stop
+                self.loop.run(verb.stop(), self.config.request_timeout)
             sup.stop()
             self.supervisor = None
             self.on_hold(None)

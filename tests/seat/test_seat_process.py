@@ -28,7 +28,7 @@ from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.store import Store
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Put
-from mesh_provisioner.rules.view import PLANS, PROVISIONS, SEAT, bucket
+from mesh_provisioner.rules.view import NEEDS, PLANS, PROVISIONS, SEAT, bucket
 from mesh_provisioner.samples import sample_mesh
 
 LEASE = 2.0
@@ -285,3 +285,52 @@ def test_readme_test_command_is_what_ci_runs() -> None:
     ci = (Path(__file__).parents[2] / ".ci" / "run").read_text()
     assert readme_command(1).replace(" -q", "") in ci.replace(" -q", "")
 
+
+
+def test_9_the_serving_seat_answers_the_verb(bus: tuple[NatsServer, EventLoopThread]) -> None:
+    server, loop = bus
+    a = seat(server.url, "serve")
+
+    async def ask() -> dict[str, object]:
+        nc = await nats.connect(server.url)
+        try:
+            msg = await nc.request("mesh-provisioner.provisioning", b'{"what": "plans", "node": "ace"}', timeout=2)
+            return json.loads(msg.data)  # type: ignore[no-any-return]
+        finally:
+            await nc.close()
+
+    def answered() -> dict[str, object] | None:
+        try:
+            reply = loop.run(ask(), 5)
+        except Exception:
+            return None  # not serving yet
+        return reply if reply.get("entries") else None
+
+    try:
+        reply = wait_until(answered, 30, 0.1, "the verb answers")
+        keys = [e["key"] for e in reply["entries"]]  # type: ignore[attr-defined, union-attr]
+        assert keys == ["ace.gitea", "ace.keycloak", "ace.mesh-vault", "ace.postgres"]
+    finally:
+        assert stop(a) == 0
+
+
+def test_4_needs_retired_when_the_seat_starts(bus: tuple[NatsServer, EventLoopThread]) -> None:
+    server, loop = bus
+    loop.run(load_states(server.url, {NEEDS: {"ace.gitea": b'{"old": true}', "bee.webapp": b"{}"}}), 30)
+    rec = subprocess.run([sys.executable, "-m", "mesh_provisioner", "--nats", server.url, "reconcile"],
+                         capture_output=True, text=True, timeout=60)
+    assert rec.returncode == 0, rec.stderr
+    assert "deleted 2 key(s) of the retired needs" in rec.stderr
+
+    async def keys() -> list[str]:
+        nc = await nats.connect(server.url)
+        try:
+            kv = await nc.jetstream().key_value(bucket(NEEDS))
+            try:
+                return await kv.keys()
+            except nats.js.errors.NoKeysError:
+                return []
+        finally:
+            await nc.close()
+
+    assert loop.run(keys(), 10) == []
