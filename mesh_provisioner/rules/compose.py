@@ -87,6 +87,13 @@ def shape_problem(m: r.Manifest) -> str:
             return f"a requirement names {req.provision!r}, which is not a provision (a token)"
         if req.local and not k.is_token(req.local):
             return f"the requirement {req.provision} has local {req.local!r}, which is not a token"
+        if req.provision.endswith(k.CREDENTIAL_SUFFIX):
+            # Section 4: `<p>-credential` is the key of p's credential, which the vault provides through the
+            # credential form; a requirement of that name would share its key and never settle.
+            return (
+                f"the requirement {req.provision} names a credential, which the vault provides to a requirement "
+                "through its credential form (own or shared), never as a provision of its own"
+            )
         if req.credential not in CREDENTIAL_FORMS:
             return (
                 f"the requirement {req.provision} says credential {req.credential!r}, which is neither own nor shared"

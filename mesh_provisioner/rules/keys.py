@@ -122,7 +122,14 @@ def ask_id(key: str, unix_seconds: int) -> str:
     return f"retire-{key.replace('.', '-')}-{unix_seconds}"
 
 
+# Unix seconds of a time a datetime can hold (years 1 to 9999): an ask id's tail, at most 12 ASCII digits.
+_UNIX_SECONDS: Final = re.compile(r"[0-9]{1,12}")
+_LAST_SECOND: Final = 253402300799  # 9999-12-31T23:59:59Z
+
+
 def ask_raised_at(ask: str) -> int | None:
-    """The unix seconds an ask id says it was raised at, None when the id does not end with them."""
+    """The unix seconds an ask id says it was raised at, None when the id does not end with a time it can be."""
     _, _, tail = ask.rpartition("-")
-    return int(tail) if tail.isdigit() else None
+    if _UNIX_SECONDS.fullmatch(tail) is None or int(tail) > _LAST_SECOND:
+        return None
+    return int(tail)

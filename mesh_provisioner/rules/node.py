@@ -19,7 +19,7 @@ from mesh_provisioner.rules.compose import CannotCompose, compose
 from mesh_provisioner.rules.judge import outcome
 from mesh_provisioner.rules.retire import raise_ask, retired
 from mesh_provisioner.rules.view import HAVE, PLANS, PROVISIONS, REFUSED, WANTS, View
-from mesh_provisioner.rules.writing import Writes, provision_of, same
+from mesh_provisioner.rules.writing import Writes, provision_of, same, utc
 
 
 class Result(msgspec.Struct, frozen=True):
@@ -36,14 +36,18 @@ class Judged(msgspec.Struct, frozen=True):
     writes: list[Write] = []
 
 
-def wanted_on(view: View, node: str) -> tuple[dict[str, str], dict[str, str]]:
-    """The build each want on a node names, by module; and each module whose want cannot be read, with why."""
+def wanted_on(view: View, node: str, problems: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The build each want on a node names, by module; and each module whose want cannot be read, with why.
+
+    A want key that is not made of tokens names no module: it is said in problems (section 7).
+    """
     wanted: dict[str, str] = {}
     unreadable: dict[str, str] = {}
     for key in view.keys(WANTS, node):
         try:
             _, module = k.parse_want_key(key)
-        except k.BadKey:
+        except k.BadKey as err:
+            problems.append(f"the want {key} is ignored: {err}")
             continue
         e = view.get(WANTS, key)
         if e is None:
@@ -56,13 +60,17 @@ def wanted_on(view: View, node: str) -> tuple[dict[str, str], dict[str, str]]:
     return wanted, unreadable
 
 
-def running_on(view: View, node: str) -> dict[str, str]:
-    """The build each module's have on a node says it runs: what a module with no want is composed at."""
+def running_on(view: View, node: str, problems: list[str]) -> dict[str, str]:
+    """The build each module's have on a node says it runs: what a module with no want is composed at.
+
+    A have key that is not made of tokens names no module: it is said in problems (section 7).
+    """
     out: dict[str, str] = {}
     for key in view.keys(HAVE, node):
         try:
             _, module = k.parse_have_key(key)
-        except k.BadKey:
+        except k.BadKey as err:
+            problems.append(f"the have {key} is ignored: {err}")
             continue
         e = view.get(HAVE, key)
         have = e.get(r.Have) if e is not None else None
@@ -102,9 +110,9 @@ def compose_node(view: View, node: str, now: datetime) -> Result:
     """Compose one node: its refusals, its plans, and every provision either composition needs (5.2)."""
     out = r.Composed(node=node)
     writes = Writes(view)
-    wanted, unreadable = wanted_on(view, node)
+    wanted, unreadable = wanted_on(view, node, out.problems)
     # A module on the node with no want (the bus on the control node) is composed at the build its have names.
-    for module, fp in running_on(view, node).items():
+    for module, fp in running_on(view, node, out.problems).items():
         wanted.setdefault(module, fp)
     try:
         at_wants = compose(writes.view, node, wanted)
@@ -174,7 +182,7 @@ def _write_refused(writes: Writes, node: str, held: dict[str, str], now: datetim
         was = e.get(r.Refusal) if e is not None else None
         if was is not None and was.why == why:
             continue
-        writes.put(REFUSED, key, r.encode(r.Refusal(node=node, module=module, why=why, since=now)))
+        writes.put(REFUSED, key, r.encode(r.Refusal(node=node, module=module, why=why, since=utc(now))))
     for key in sorted(writes.view.keys(REFUSED, node)):
         if key.partition(".")[2] not in held:
             writes.delete(REFUSED, key)

@@ -21,7 +21,7 @@ from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.rules import keys as k
 from mesh_provisioner.rules.judge import keeps_entries
 from mesh_provisioner.rules.view import ASK_RECORDS, NEEDS, PROVISIONS, View, bound
-from mesh_provisioner.rules.writing import Writes, provision_of
+from mesh_provisioner.rules.writing import Writes, provision_of, utc
 
 # The approving option is "yes": a provider lets its entry go only on it (the seeds, review of 2026-10-30).
 OPTION_APPROVE: Final = "yes"
@@ -81,7 +81,10 @@ def ask_of(key: str, p: r.Provision) -> r.Ask | None:
     raised = k.ask_raised_at(p.ask)
     if not p.ask or raised is None:
         return None
-    return retiring_ask(key, p, datetime.fromtimestamp(raised, UTC), p.ask)
+    try:
+        return retiring_ask(key, p, datetime.fromtimestamp(raised, UTC), p.ask)
+    except (OverflowError, ValueError):  # a time so late its expiry is past the last a datetime holds
+        return None
 
 
 def check_ask(ask: r.Ask, now: datetime) -> str:
@@ -172,7 +175,7 @@ def decide(view: View, key: str, now: datetime, verify: Verify | None = None) ->
     by = "the operator"
     if w.by is not None:
         by = f"the {w.by.who}, as {w.by.kind} identity {w.by.identity}"
-    warrant = r.ProvisionWarrant(ask=p.ask, option=w.option, by=by, at=w.at)
+    warrant = r.ProvisionWarrant(ask=p.ask, option=w.option, by=by, at=utc(w.at) if w.at is not None else None)
     writes.provision(key, msgspec.structs.replace(p, warrant=warrant), now)
     return Decided(f"{key}: {w.option} by {by}", writes.done())
 
@@ -184,8 +187,10 @@ def _refusal(key: str, ask_id: str, rec: r.AskRecord, verify: Verify | None) -> 
         return f"the router's record of {ask_id} is {rec.state} but holds no ask and warrant"
     if w.asker != r.MODULE:
         return f"the warrant is {w.asker or 'nobody'}'s, not {r.MODULE}'s"
-    if w.ask != ask_id or ask.id != ask_id:
-        return f"the warrant answers the ask {w.ask or ask.id}, not {ask_id}"
+    if w.ask != ask_id:
+        return f"the warrant answers the ask {w.ask or 'none'}, not {ask_id}"
+    if ask.id != ask_id:
+        return f"the warrant answers the ask {ask.id or 'none'}, not {ask_id}"
     if verify is not None:
         why = verify(w)
         if why:

@@ -156,6 +156,10 @@ class View(Protocol):
         """The provision key whose `ask` is an ask id, "" when none."""
         ...
 
+    def requirers(self, provision: str) -> set[str]:
+        """Every module with a manifest (of any build it registered or built) that requires a provision."""
+        ...
+
 
 def group_of(state: str, key: str) -> str:
     """The node a key belongs to, for the by-node index: a want's second token, else the first."""
@@ -184,6 +188,7 @@ class MemoryView:
         self._naming: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))  # module -> node -> keys
         self._manifest_users: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
         self._asks: dict[str, str] = {}
+        self._requiring: dict[str, set[str]] = defaultdict(set)  # provision -> manifest ids requiring it
         self.last_revision = 0  # the highest revision put, for views kept in memory alone
 
     # ---- reading ----------------------------------------------------------------------------------------
@@ -242,6 +247,10 @@ class MemoryView:
     def key_of_ask(self, ask: str) -> str:
         """The provision key whose `ask` is an ask id, "" when none."""
         return self._asks.get(ask, "")
+
+    def requirers(self, provision: str) -> set[str]:
+        """Every module with a manifest (of any build it registered or built) that requires a provision."""
+        return {m for mid in list(self._requiring.get(provision, ())) for m in self.manifest_users(mid)}
 
     def copy(self) -> MemoryView:
         """A view of its own with the same entries, to judge ahead without touching this one."""
@@ -316,6 +325,9 @@ class MemoryView:
         elif isinstance(value, r.PlanRecord):
             for p in value.plan.provisions:
                 self._needing[p.provision][k.node_of(key)] += 1
+        elif isinstance(value, r.Manifest):
+            for req in value.requires:
+                self._requiring[req.provision].add(key)
 
     def _unindex(self, state: str, key: str, entry: Entry | None) -> None:
         if entry is None:
@@ -344,6 +356,9 @@ class MemoryView:
         elif isinstance(value, r.PlanRecord):
             for p in value.plan.provisions:
                 self._needing[p.provision][k.node_of(key)] -= 1
+        elif isinstance(value, r.Manifest):
+            for req in value.requires:
+                self._requiring[req.provision].discard(key)
 
     def _pairs(self, state: str, key: str, entry: Entry) -> list[tuple[dict[str, dict[str, set[str]]], str, str]]:
         """The two-level indices a key sits in: a want's or have's module by node; a manifest's users."""
@@ -461,3 +476,7 @@ class Overlay:
     def key_of_ask(self, ask: str) -> str:
         """As the view below."""
         return self.base.key_of_ask(ask)
+
+    def requirers(self, provision: str) -> set[str]:
+        """As the view below."""
+        return self.base.requirers(provision)

@@ -84,31 +84,40 @@ def _placement(view: View, node: str, old: Entry | None, new: Entry | None) -> W
     if (old is not None and old.value is None) or (new is not None and new.value is None):
         changed = before | after
     nodes = {node}
+    provisions: set[str] = set()
     for module in changed:
         if module == r.VAULT_MODULE:
             # The vault's node provides every credential: every node with a plan may name one.
             nodes |= {k.node_of(p) for p in view.keys(PLANS)}
         nodes |= {k.node_of(p) for p in view.provided_by_module(module)}
-        for provision in _offers_of_module(view, module):
-            nodes |= view.needing(provision)
-    if changed:
-        nodes |= _held_nodes(view)
-    return Woken(frozenset(nodes))
+        provisions |= _offers_of_module(view, module)
+    return Woken(frozenset(nodes | _needing(view, provisions)))
 
 
 def _modules(view: View, modules: Iterable[str], offers: list[set[str]]) -> Woken:
     """A module's registration, build or manifest wakes the nodes it is on or named on, the nodes it provides to,
-    and every node needing a provision its manifest now provides or no longer provides."""
+    every node needing a provision its manifest now provides or no longer provides, and every key it provides:
+    a held module's keys, which its node's composition leaves as they were, are judged again by themselves."""
     nodes: set[str] = set()
+    keys: set[str] = set()
     for module in modules:
         nodes |= set(view.placed_on(module)) | view.nodes_naming(module)
-        nodes |= {k.node_of(p) for p in view.provided_by_module(module)}
+        provided = view.provided_by_module(module)
+        keys |= provided
+        nodes |= {k.node_of(p) for p in provided}
     provisions = offers[0] ^ offers[1] if len(offers) == 2 else set()
+    return Woken(frozenset(nodes | _needing(view, provisions)), frozenset(keys))
+
+
+def _needing(view: View, provisions: Iterable[str]) -> set[str]:
+    """Every node whose composition chooses a provider for one of the provisions: its plans name it, or one of
+    its modules requires it at some build (held there, it has no plan naming it)."""
+    nodes: set[str] = set()
     for provision in provisions:
         nodes |= view.needing(provision)
-    if provisions:
-        nodes |= _held_nodes(view)
-    return Woken(frozenset(nodes))
+        for module in view.requirers(provision):
+            nodes |= set(view.placed_on(module)) | view.nodes_naming(module)
+    return nodes
 
 
 def _provision(view: View, key: str, old: Entry | None, new: Entry | None) -> Woken:
@@ -133,11 +142,6 @@ def _provision(view: View, key: str, old: Entry | None, new: Entry | None) -> Wo
 def _placed(e: Entry | None) -> set[str]:
     p = e.get(r.Placement) if e is not None else None
     return {m.module for m in p.modules} if p is not None else set()
-
-
-def _held_nodes(view: View) -> set[str]:
-    """Every node with a module held: a provider placed or gone may be what it waits for."""
-    return {k.node_of(key) for key in view.keys(REFUSED)}
 
 
 def _offers(e: Entry | None) -> set[str]:

@@ -7,7 +7,7 @@ is what a compare-and-set checks (design.md, "Functional core").
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -44,7 +44,7 @@ class Writes:
 
     def provision(self, key: str, p: r.Provision, now: datetime) -> r.Provision:
         """Write a provision stamped with the time and the record's version; answers it as written."""
-        stamped = msgspec.structs.replace(p, at=now, v=PROVISION_VERSION)
+        stamped = msgspec.structs.replace(p, at=utc(now), v=PROVISION_VERSION)
         self.put(PROVISIONS, key, r.encode(stamped))
         return stamped
 
@@ -59,6 +59,11 @@ class Writes:
             return writes
         own = [w for w in writes if w.key.split(".", 1)[0] == first_node or w.state != PROVISIONS]
         return own + [w for w in writes if w not in own]
+
+
+def utc(t: datetime) -> datetime:
+    """A time in UTC, as every time of the contract is (section 1); one with no zone is taken as UTC."""
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
 
 
 def same(a: r.Provision, b: r.Provision) -> bool:
