@@ -194,6 +194,10 @@ class Supervisor:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop this supervisor's own actors, in reverse order of start, and its connection if it made it."""
+        self._shut_down(timeout, why="")
+
+    def _shut_down(self, timeout: float, why: str) -> None:
+        """Stop every child in reverse order and the connection this made; then `failed` says why ("": asked to)."""
         with self._lock:
             if self._stopping:
                 return
@@ -213,7 +217,7 @@ class Supervisor:
         if self.owns_nc:
             self.loop.stop()
         if not self.failed.done():
-            self.failed.set_result("")
+            self.failed.set_result(why)
 
     # ---- the seat the actors work in ------------------------------------------------------------------------
 
@@ -352,9 +356,8 @@ class Supervisor:
         self.in_flight.done("restart:" + name)
 
     def _fail(self, why: str) -> None:
-        self.stop()
-        if not self.failed.done():
-            self.failed.set_result(why)
+        """Past the restart intensity: stop every child, then tell the owner why (a plain stop would say "")."""
+        self._shut_down(10.0, why=why)
 
     # ---- the API of hosts, tests and chaos tools ------------------------------------------------------------
 
@@ -363,7 +366,10 @@ class Supervisor:
         name = self._node(node)
         with self._lock:
             ref = self._refs[name]
-            self.in_flight.sent(ref.actor_urn)
+            # A child down and waiting for its restart answers ActorDeadError: nothing of it is in flight (its
+            # restart composes the node anyway), and counting it would keep `wait_settled` waiting for ever.
+            if name not in self._waiting:
+                self.in_flight.sent(ref.actor_urn)
         return ref.ask(ComposeNode(node), block=False)
 
     def children(self) -> dict[str, pykka.ActorRef[Any]]:

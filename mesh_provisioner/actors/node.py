@@ -16,6 +16,7 @@ from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import Changed, ComposeNode, Look, Rejudge, Resync, Tick
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.rules.node import compose_node
+from mesh_provisioner.rules.view import PROVISIONS
 
 log = logging.getLogger("mesh_provisioner.actors.node")
 
@@ -52,6 +53,11 @@ class NodeActor(SeatActor):
         elif isinstance(message, Changed | Resync):
             self.dirty = True
             self.changed_since = earliest(self.changed_since, getattr(message, "at", 0.0))
+            if isinstance(message, Resync):
+                # A composition leaves a held module's keys as they are (5.2), yet their state still follows their
+                # provider (5.3): judge every key of the node too, or a judgement lost with a dead predecessor's
+                # mailbox, or made while no seat ran, would never be made (design.md, property 3).
+                self.keys |= set(self.seat.view.keys(PROVISIONS, self.node))
             self.tick()
         elif isinstance(message, Rejudge):
             self.keys |= message.keys

@@ -1,0 +1,192 @@
+"""The supervisor: a child that dies however it dies is restarted and resynchronises from the bus; past the restart
+intensity every child is stopped in reverse order and the owner is told why (design.md, "Supervision")."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pykka
+import pytest
+from helpers import wait_until
+from seatbus import Bus, Seats, assert_fixed_point, load_sample, seat_config, settle
+
+from mesh_provisioner.actors import base
+from mesh_provisioner.actors import node as node_actor
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.messages.protocol import Changed
+from mesh_provisioner.rules.view import HAVE, PROVISIONS, WANTS
+from mesh_provisioner.supervisor import Supervisor
+
+
+def dead(sup: Supervisor, name: str) -> bool:
+    """Whether a child is down, waiting for its restart."""
+    return not sup.children()[name].is_alive()
+
+
+def restarted(sup: Supervisor, name: str, old: pykka.ActorRef[Any]) -> bool:
+    """Whether a child runs again as another instance than `old`."""
+    ref = sup.children()[name]
+    return ref.actor_urn != old.actor_urn and ref.is_alive()
+
+
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_a_child_killed_or_stopped_is_restarted_and_resyncs_from_the_bus(
+    how: str, mesh: Bus, seats: Seats
+) -> None:
+    # A restart far enough off that the change below reaches the supervisor while bee's actor is down.
+    sup = seats.start(seat_config(mesh.url, backoff_first=1.0))
+    settle(sup)
+    old = sup.children()["node:bee"]
+    if how == "kill":
+        sup.kill("node:bee")
+    else:
+        old.stop()
+    wait_until(lambda: dead(sup, "node:bee"), 10, what="bee's actor down")
+    # What the dead actor's mailbox would have held is recovered by its successor's resync.
+    mesh.put(WANTS, "want.bee.mailer", {"fp": "ml9"})
+    settle(sup)
+    assert restarted(sup, "node:bee", old)
+    held = mesh.refusal("bee.mailer")
+    assert held is not None and "ml9" in held.why
+    assert sup.status().restarts == {"node:bee": 1}
+    assert_fixed_point(mesh)
+
+
+def test_a_child_whose_work_raises_is_restarted(
+    mesh: Bus, seats: Seats, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = node_actor.compose_node
+    failures = []
+
+    def fails_once(view: Any, node: str, now: Any) -> Any:
+        if node == "bee" and not failures:
+            failures.append(node)
+            raise RuntimeError("a bug in a rule")
+        return real(view, node, now)
+
+    sup = seats.start(seat_config(mesh.url))
+    settle(sup)
+    monkeypatch.setattr(node_actor, "compose_node", fails_once)
+    old = sup.children()["node:bee"]
+    mesh.put(WANTS, "want.bee.mailer", {"fp": "ml9"})
+    settle(sup)
+    assert failures == ["bee"]
+    assert restarted(sup, "node:bee", old)
+    held = mesh.refusal("bee.mailer")
+    assert held is not None and "ml9" in held.why
+    assert_fixed_point(mesh)
+
+
+def test_each_kind_of_child_is_restarted(sup: Supervisor, mesh: Bus) -> None:
+    names = sorted(sup.children())
+    assert {"asker", "bound:postgres", "node:ace", "node:bee"} <= set(names)
+    for name in names:
+        old = sup.children()[name]
+        sup.kill(name)
+        wait_until(lambda n=name, o=old: restarted(sup, n, o), 10, what=f"{name} restarted")
+    settle(sup)
+    assert sup.status().restarts == dict.fromkeys(names, 1)
+    assert_fixed_point(mesh)
+
+
+def test_composing_a_node_whose_actor_is_down_does_not_stay_in_flight(mesh: Bus, seats: Seats) -> None:
+    sup = seats.start(seat_config(mesh.url, backoff_first=1.0))
+    settle(sup)
+    sup.kill("node:ace")
+    wait_until(lambda: dead(sup, "node:ace"), 10, what="ace's actor down")
+    answer = sup.compose("ace")
+    with pytest.raises(pykka.ActorDeadError):
+        answer.get(timeout=10)
+    settle(sup)
+    assert sup.status().in_flight == 0
+    assert sup.compose("ace").get(timeout=10).node == "ace"
+
+
+def test_past_the_restart_intensity_children_stop_in_reverse_order_and_the_owner_is_told_why(
+    mesh: Bus, seats: Seats, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stopped: list[str] = []
+    lock = threading.Lock()
+    real_on_stop = base.SeatActor.on_stop
+
+    def on_stop(self: base.SeatActor) -> None:
+        with lock:
+            stopped.append(self.name)
+        real_on_stop(self)
+
+    monkeypatch.setattr(base.SeatActor, "on_stop", on_stop)
+    sup = seats.start(seat_config(mesh.url, restart_intensity=2, restart_period=60.0))
+    settle(sup)
+    order = list(sup.children())
+    for _ in range(2):
+        old = sup.children()["node:ace"]
+        sup.kill("node:ace")
+        wait_until(lambda o=old: restarted(sup, "node:ace", o), 10, what="ace restarted")
+    assert not sup.failed.done()
+    sup.kill("node:ace")  # the third stop within the period: past the intensity of 2
+    why = sup.failed.result(timeout=20)
+    assert "node:ace" in why and "3 times" in why, why
+    assert stopped == [n for n in reversed(order) if n != "node:ace"]
+    assert not any(ref.is_alive() for ref in sup.children().values())
+    assert not sup.ref.is_alive()
+    assert sup.status().failed == why
+
+
+def test_a_restart_within_the_intensity_does_not_fail(sup: Supervisor) -> None:
+    old = sup.children()["node:bee"]
+    sup.kill("node:bee")
+    wait_until(lambda: restarted(sup, "node:bee", old), 10, what="bee restarted")
+    sup.tell("node:bee", Changed())
+    settle(sup)
+    assert not sup.failed.done()
+    assert all(sup.status().children.values())
+    assert sup.compose("bee").get(timeout=10).node == "bee"
+    assert r.Composed(node="bee").node == "bee"
+
+
+# bee's reports is held (nothing places a provider of object-storage), but a seat before this one composed it with
+# keycloak on ace as its provider: its key is kept, not retired, and its state still follows its provider (5.3).
+HELD_KEY = "bee.reports.object-storage"
+HELD = {
+    PROVISIONS: {
+        HELD_KEY: r.encode(
+            r.Provision(
+                provision="object-storage",
+                consumer=r.End(module="reports", node="bee"),
+                provider=r.End(module="keycloak", node="ace"),
+                state=r.PROVIDED,
+                v=1,
+            )
+        )
+    }
+}
+
+
+def test_a_restarted_node_actor_judges_its_held_modules_keys_again(bus: Bus, seats: Seats) -> None:
+    load_sample(bus.url, extra=HELD)
+    bus.create_asks_stream()
+    sup = seats.start(seat_config(bus.url, backoff_first=1.0))
+    settle(sup)
+    assert bus.refusal("bee.reports") is not None
+    p = bus.provision(HELD_KEY)
+    assert p is not None and p.state == r.PROVIDED
+    sup.kill("node:bee")
+    wait_until(lambda: dead(sup, "node:bee"), 10, what="bee's actor down")
+    # keycloak fails while bee's actor is down: the key's judgement told to it is lost with its mailbox.
+    bus.put(HAVE, "ace.keycloak", {"fp": "kc1", "phase": "failed", "health": "failed", "detail": "oom"})
+    settle(sup)
+    p = bus.provision(HELD_KEY)
+    assert p is not None and p.state == r.FAILED, p
+    assert_fixed_point(bus)
+
+
+def test_reconcile_judges_every_key_of_a_node_held_modules_too(bus: Bus, seats: Seats) -> None:
+    stale = {PROVISIONS: {HELD_KEY: HELD[PROVISIONS][HELD_KEY].replace(b'"provided"', b'"failed"')}}
+    load_sample(bus.url, extra=stale)
+    bus.create_asks_stream()
+    # keycloak is not among the providers whose entries are read: no bound actor judges its keys.
+    sup = seats.start(seat_config(bus.url, bound_reads=("postgres", "mesh-vault", "gitea")))
+    settle(sup)
+    p = bus.provision(HELD_KEY)
+    assert p is not None and p.state == r.PROVIDED, p  # keycloak runs healthy at its want
