@@ -1,0 +1,148 @@
+"""NodeActor: one node never composes twice at once, a slow node delays no other, and changes coalesce.
+
+`compose_node` is wrapped (not replaced: the real rule runs) to count compositions and concurrent entries per node,
+and to hold one node's composition on an Event while the test does what it wants around it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from datetime import datetime
+
+import pytest
+from helpers import wait_until
+from seatbus import Bus, assert_fixed_point, settle
+
+from mesh_provisioner.actors import node as node_actor
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.messages.protocol import Changed, Resync
+from mesh_provisioner.rules.node import Result
+from mesh_provisioner.rules.view import PLACEMENT, WANTS, View
+from mesh_provisioner.supervisor import Supervisor
+
+HOLD = 30.0  # the most a held composition waits for its release: a failing test ends, it does not hang
+
+
+class ComposeSpy:
+    """Wraps `compose_node`: counts each node's compositions and concurrent entries, and can hold a node."""
+
+    def __init__(self, real: object) -> None:
+        self.real = real
+        self.lock = threading.Lock()
+        self.running: Counter[str] = Counter()
+        self.most: Counter[str] = Counter()
+        self.count: Counter[str] = Counter()
+        self.finished: Counter[str] = Counter()
+        self.gates: dict[str, threading.Event] = {}
+        self.entered: dict[str, threading.Event] = {}
+
+    def hold(self, node: str) -> threading.Event:
+        """Hold the node's next compositions until the returned event is set."""
+        gate = self.gates[node] = threading.Event()
+        self.entered[node] = threading.Event()
+        return gate
+
+    def __call__(self, view: View, node: str, now: datetime) -> Result:
+        with self.lock:
+            self.running[node] += 1
+            self.count[node] += 1
+            self.most[node] = max(self.most[node], self.running[node])
+        try:
+            gate = self.gates.get(node)
+            if gate is not None:
+                self.entered[node].set()
+                assert gate.wait(HOLD), f"the composition of {node} was never released"
+            result: Result = self.real(view, node, now)  # type: ignore[operator]
+            return result
+        finally:
+            with self.lock:
+                self.running[node] -= 1
+                self.finished[node] += 1
+
+
+@pytest.fixture
+def spy(monkeypatch: pytest.MonkeyPatch) -> Iterator[ComposeSpy]:
+    """compose_node as the node actors call it, wrapped; every held gate is opened after the test."""
+    s = ComposeSpy(node_actor.compose_node)
+    monkeypatch.setattr(node_actor, "compose_node", s)
+    try:
+        yield s
+    finally:
+        for gate in s.gates.values():
+            gate.set()
+
+
+def test_a_node_never_composes_twice_at_once(spy: ComposeSpy, sup: Supervisor, mesh: Bus) -> None:
+    gate = spy.hold("ace")
+    sup.tell("node:ace", Changed())
+    assert spy.entered["ace"].wait(HOLD)
+    # Everything that can ask ace to compose, while it composes: changes on the bus, wakes, resyncs, a host's
+    # ComposeNode, and its own restart (a crash is handled after the composition, as any other message).
+    futures = [sup.compose("ace") for _ in range(3)]
+    mesh.put(WANTS, "want.ace.keycloak", {"fp": "kc2"})
+    mesh.put(PLACEMENT, "ace", {"node": "ace", "modules": [{"module": m} for m in ("postgres", "gitea", "keycloak",
+                                                                                      "mesh-vault", "mailer")]})
+    for _ in range(20):
+        sup.tell("node:ace", Changed())
+        sup.tell("node:ace", Resync())
+    sup.kill("node:ace")
+    assert spy.running["ace"] == 1
+    gate.set()
+    settle(sup)
+    for f in futures:
+        try:
+            f.get(timeout=HOLD)
+        except Exception as err:  # the kill may come before an asked composition: answered as dead, never twice
+            assert "ActorDeadError" in type(err).__name__ or "killed" in str(err), err
+    assert spy.most["ace"] == 1, spy.most
+    assert max(spy.most.values()) == 1
+    assert mesh.plan("ace.mailer") is not None
+    assert_fixed_point(mesh)
+
+
+def test_a_slow_node_delays_no_other(spy: ComposeSpy, sup: Supervisor, mesh: Bus) -> None:
+    gate = spy.hold("ace")
+    mesh.put(WANTS, "want.ace.keycloak", {"fp": "kc2"})  # wakes ace, which now composes until released
+    assert spy.entered["ace"].wait(HOLD)
+    before = spy.finished["bee"]
+    # bee composes and writes while ace is held.
+    mesh.put(PLACEMENT, "bee", {"node": "bee", "modules": [{"module": m} for m in ("webapp", "reports")]})
+    mesh.put(WANTS, "want.bee.mailer", {"fp": "", "removed": True})
+    wait_until(lambda: mesh.plan("bee.mailer") is None, HOLD, what="bee's composition written while ace is held")
+    assert spy.finished["bee"] > before
+    assert not gate.is_set() and spy.running["ace"] == 1, "ace is still held while bee composed and wrote"
+    p = mesh.provision("bee.mailer.postgres-database.mail")
+    assert p is not None and p.state == r.RETIRING
+    gate.set()
+    settle(sup)
+    assert_fixed_point(mesh)
+
+
+def test_a_hundred_changes_during_a_composition_give_one_more(spy: ComposeSpy, sup: Supervisor) -> None:
+    gate = spy.hold("bee")
+    sup.tell("node:bee", Changed())
+    assert spy.entered["bee"].wait(HOLD)
+    assert spy.count["bee"] - spy.finished["bee"] == 1
+    started = spy.count["bee"]
+    for _ in range(100):
+        sup.tell("node:bee", Changed())
+    gate.set()
+    settle(sup)
+    # The held one, and exactly one more for the hundred: coalesced, and none lost.
+    assert spy.count["bee"] == started + 1, spy.count
+    assert spy.most["bee"] == 1
+
+
+def test_a_change_arriving_during_a_composition_is_never_lost(spy: ComposeSpy, sup: Supervisor, mesh: Bus) -> None:
+    gate = spy.hold("bee")
+    sup.tell("node:bee", Changed())
+    assert spy.entered["bee"].wait(HOLD)
+    # The composition under way read the view before this change: only the one it causes can write it.
+    mesh.put(WANTS, "want.bee.mailer", {"fp": "ml9"})
+    gate.set()
+    settle(sup)
+    held = mesh.refusal("bee.mailer")
+    assert held is not None and "ml9" in held.why
+
