@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -244,7 +244,7 @@ class Supervisor:
         """Publish an ask on the operator's channel, de-duplicated by its id."""
         self.loop.run(self.asks.publish(ask), self.config.request_timeout)
 
-    def verify(self, warrant: r.Warrant) -> str:
+    def verify(self, warrant: r.Warrant | Mapping[str, Any]) -> str:
         """Why a warrant's signature is refused; with no router key configured, none is required."""
         return self._verify(warrant) if self._verify is not None else ""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -58,7 +58,7 @@ class Seat(Protocol):
         """Publish an ask on the operator's channel, de-duplicated by its id."""
         ...
 
-    def verify(self, warrant: r.Warrant) -> str:
+    def verify(self, warrant: r.Warrant | Mapping[str, Any]) -> str:
         """Why a warrant's signature is refused; "" when it holds or none is required."""
         ...
 

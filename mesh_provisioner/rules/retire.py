@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
@@ -131,8 +131,9 @@ def retired(view: View, key: str, p: r.Provision) -> str:
     return "its provider removed its credential on the operator's warrant"
 
 
-Verify = Callable[[r.Warrant], str]
-"""Checks a warrant's signature: why it is refused, "" when it holds."""
+Verify = Callable[[r.Warrant | Mapping[str, Any]], str]
+"""Checks a warrant's signature, over the warrant as the router wrote it when that is at hand: why it is refused,
+"" when it holds."""
 
 
 class Decided(msgspec.Struct, frozen=True):
@@ -160,7 +161,7 @@ def decide(view: View, key: str, now: datetime, verify: Verify | None = None) ->
         return Decided(f"{key}: the router's record of {p.ask} is not readable: {e.error}")
     if rec.state in ("", "open"):
         return Decided()
-    refused = _refusal(key, p.ask, rec, verify)
+    refused = _refusal(key, p.ask, rec, verify, _written_warrant(e.raw))
     if refused:
         return Decided(f"{key}: the answer is refused: {refused}")
     assert rec.warrant is not None
@@ -180,7 +181,19 @@ def decide(view: View, key: str, now: datetime, verify: Verify | None = None) ->
     return Decided(f"{key}: {w.option} by {by}", writes.done())
 
 
-def _refusal(key: str, ask_id: str, rec: r.AskRecord, verify: Verify | None) -> str:
+def _written_warrant(raw: bytes) -> Mapping[str, Any] | None:
+    """The warrant object as the router wrote it in its record, None when the record holds none."""
+    try:
+        record = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    warrant = record.get("warrant") if isinstance(record, dict) else None
+    return warrant if isinstance(warrant, dict) else None
+
+
+def _refusal(
+    key: str, ask_id: str, rec: r.AskRecord, verify: Verify | None, written: Mapping[str, Any] | None
+) -> str:
     """Why a decided record's answer may not be taken for a key's ask; "" when it may."""
     w, ask = rec.warrant, rec.ask
     if w is None or ask is None:
@@ -192,7 +205,7 @@ def _refusal(key: str, ask_id: str, rec: r.AskRecord, verify: Verify | None) -> 
     if ask.id != ask_id:
         return f"the warrant answers the ask {ask.id or 'none'}, not {ask_id}"
     if verify is not None:
-        why = verify(w)
+        why = verify(written if written is not None else w)
         if why:
             return why
     if w.outcome in ("expired", "withdrawn"):

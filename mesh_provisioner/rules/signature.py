@@ -3,7 +3,9 @@
 When the seat is given the router's ed25519 public key (`Config.router_key`), a warrant is taken only when its
 `sig` is the router's signature over the warrant itself: the warrant as JSON without `sig`, with sorted keys, no
 spaces, UTF-8 (the same canonical form as the act digest of 5.4). The JSON is the warrant as the contract's record
-encodes it (kebab-case, empty optional fields left out, section 1), so a router signs what it writes.
+encodes it (kebab-case, empty optional fields left out, section 1), so a router signs what it writes. Where the
+warrant as the router wrote it is at hand (the object in its record), that is what is checked, every field and
+every spelling as written, so a field this seat does not know or a time written another way still verifies.
 
 Pure: no I/O, no clock. `warrant_signature_why` answers "" when the signature holds, else a sentence an operator can
 act on; `make_verify` is that check bound to one configured key, as `rules.retire.decide` takes it.
@@ -14,7 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import msgspec
@@ -31,9 +33,13 @@ class BadKey(ValueError):
     """A router key that is not an ed25519 public key in base64 or hex."""
 
 
-def signed_bytes(warrant: r.Warrant) -> bytes:
+Signed = r.Warrant | Mapping[str, Any]
+"""A warrant as decoded, or as the router wrote it (the JSON object of its record)."""
+
+
+def signed_bytes(warrant: Signed) -> bytes:
     """What the router signs: the warrant without `sig`, as JSON with sorted keys, no spaces, UTF-8 (5.4)."""
-    body: dict[str, Any] = msgspec.to_builtins(warrant)
+    body: dict[str, Any] = dict(warrant) if isinstance(warrant, Mapping) else msgspec.to_builtins(warrant)
     body.pop("sig", None)
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
@@ -70,12 +76,15 @@ def parse_key(text: str) -> Ed25519PublicKey:
     return Ed25519PublicKey.from_public_bytes(raw)
 
 
-def check(warrant: r.Warrant, key: Ed25519PublicKey) -> str:
+def check(warrant: Signed, key: Ed25519PublicKey) -> str:
     """Why a warrant's signature does not hold under a parsed key; "" when it is the key's signature (5.4)."""
-    if not warrant.sig:
+    written = warrant.get("sig", "") if isinstance(warrant, Mapping) else warrant.sig
+    if not written:
         return "the warrant is not signed, and the seat takes only warrants the router signed"
+    if not isinstance(written, str):
+        return "the warrant's signature is not base64"
     try:
-        sig = _b64(warrant.sig)
+        sig = _b64(written)
     except ValueError:
         return "the warrant's signature is not base64"
     if len(sig) != SIGNATURE_BYTES:
@@ -90,7 +99,7 @@ def check(warrant: r.Warrant, key: Ed25519PublicKey) -> str:
     return ""
 
 
-def warrant_signature_why(warrant: r.Warrant, public_key: str) -> str:
+def warrant_signature_why(warrant: Signed, public_key: str) -> str:
     """Why a warrant is not signed by the router whose key is given (base64 or hex); "" when it is (5.4)."""
     try:
         key = parse_key(public_key)
@@ -99,7 +108,7 @@ def warrant_signature_why(warrant: r.Warrant, public_key: str) -> str:
     return check(warrant, key)
 
 
-def make_verify(router_key: str) -> Callable[[r.Warrant], str]:
+def make_verify(router_key: str) -> Callable[[Signed], str]:
     """The check `rules.retire.decide` takes as `verify`, bound to the configured router key (`Config.router_key`).
 
     The key is read once. A key that is not valid refuses every warrant, saying so: a seat told to check

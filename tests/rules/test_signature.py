@@ -149,3 +149,19 @@ def test_decide_takes_a_valid_signature_and_writes_the_warrant() -> None:
     p = r.decode(r.Provision, written.value, state=PROVISIONS, key=KEY)
     assert p.warrant == r.ProvisionWarrant(ask=ASK, option="yes", by="the operator, as person identity alice",
                                            at=LATER)
+
+
+def test_decide_verifies_the_warrant_as_the_router_wrote_it() -> None:
+    # A router's warrant may carry a field this seat does not know, and write its time another way: the signature
+    # covers what it wrote, so the check reads the warrant object of the record, not the seat's re-encoding of it.
+    view = retiring_view(unsigned())
+    record = json.loads(view.get(ASK_RECORDS, ASK).raw)  # type: ignore[union-attr]
+    warrant = {**record["warrant"], "at": "2026-12-03T07:00:00.000Z", "router-shard": "eu-1"}
+    payload = json.dumps(warrant, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    warrant["sig"] = base64.b64encode(ROUTER.sign(payload)).decode()
+    view.put(ASK_RECORDS, ASK, json.dumps({**record, "warrant": warrant}).encode(), 4)
+    d = decide(view, KEY, LATER, verify=make_verify(KEY_B64))
+    assert d.said == f"{KEY}: yes by the operator, as person identity alice"
+    # The same warrant with its unknown field changed no longer verifies.
+    view.put(ASK_RECORDS, ASK, json.dumps({**record, "warrant": {**warrant, "router-shard": "us-1"}}).encode(), 5)
+    assert "does not verify" in decide(view, KEY, LATER, verify=make_verify(KEY_B64)).said
