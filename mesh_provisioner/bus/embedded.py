@@ -71,15 +71,22 @@ class EmbeddedServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"nats-server exited at start; see {self.log_path}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    log.debug("nats-server listens on %s", self.url)
-                    return self
-            except OSError:
-                time.sleep(0.02)
+                raise RuntimeError(f"nats-server exited at start with {self.process.returncode}; see {self.log_path}")
+            if self.ready():
+                log.debug("nats-server takes clients on %s", self.url)
+                return self
+            time.sleep(0.02)
         self.stop()
         raise TimeoutError(f"nats-server did not listen on {self.url} within {timeout} s")
+
+    def ready(self) -> bool:
+        """Whether the server takes a client and says JetStream is on (its INFO line)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                info = s.recv(4096)
+        except OSError:
+            return False
+        return info.startswith(b"INFO") and b'"jetstream":true' in info
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL past the timeout); its store stays."""
