@@ -146,9 +146,16 @@ def compose_node(view: View, node: str, now: datetime) -> Result:
                 except k.BadKey as err:
                     out.problems.append(str(err))
                     continue
-                needed.setdefault(key, r.Provision(
-                    provision=p.provision, local=p.local, consumer=consumer, provider=provider, depends_on=deps,
-                ))
+                have = needed.get(key)
+                if have is None:
+                    needed[key] = r.Provision(
+                        provision=p.provision, local=p.local, consumer=consumer, provider=provider, depends_on=deps,
+                    )
+                elif cred is not None and cred not in have.depends_on:
+                    # The newest build names a credential the wanted build does not: the key depends on it too
+                    # (section 4, its credential key first), or the credential's node would find nothing
+                    # depending on the credential this composition keeps, and retire it for ever.
+                    needed[key] = msgspec.structs.replace(have, depends_on=(cred, *have.depends_on))
                 # Its credential is a provision of its own, the vault's: on the consumer's node for a value of
                 # the consumer's own, on the provider's for the provider's one shared value.
                 if cred is None:

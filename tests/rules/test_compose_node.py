@@ -7,7 +7,6 @@ import json
 from datetime import timedelta
 
 import msgspec
-import pytest
 from mesh import NOW, PLANS_READ, Mesh, keeper, req, sample_mesh, settle
 
 from mesh_provisioner.messages import records as r
@@ -551,9 +550,6 @@ def test_4_credential_judged_first_is_seen_by_the_key_depending_on_it() -> None:
     ]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="node.compose_node keeps the wanted build's provision "
-                   "(no credential, so no depends-on) and still judges the newest build's shared credential on the "
-                   "provider's node, which no depends-on names: that node turns it retiring, this one back, for ever")
 def test_5_2_shared_credential_only_the_newest_build_names_lets_the_seat_settle() -> None:
     m = Mesh()
     m.module("redis", "1", provides=["cache"])
