@@ -127,6 +127,10 @@ def _provision(view: View, key: str, old: Entry | None, new: Entry | None) -> Wo
     keys: set[str] = set()
     if (was.state if was else None) != (now.state if now else None):
         keys = view.dependents(key)
+    if now is not None and now.state == r.RETIRING and now.warrant is not None and (was is None or not was.warrant):
+        # An answer written into a retiring key: the key itself is judged again, and goes once its provider
+        # let its entry go (5.4).
+        keys = keys | {key}
     nodes: set[str] = set()
     before = set(was.depends_on) if was is not None else set()
     after = set(now.depends_on) if now is not None else set()

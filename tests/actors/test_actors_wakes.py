@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from seatbus import Bus, assert_fixed_point, settle
 
 from mesh_provisioner.messages import records as r
@@ -295,11 +294,6 @@ def test_depends_on_no_longer_naming_a_key_lets_its_node_retire_it(sup: Supervis
 # ---- asks.decided.mesh-provisioner ------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rules/wakes.py _provision wakes nothing when a warrant is written: an approved key whose provider holds "
-    "no entry already is not retired until its next change (contract 5.4, 6)",
-)
 def test_decided_writes_the_warrant_and_the_key_retires_once_its_provider_let_go(sup: Supervisor, mesh: Bus) -> None:
     key = "bee.oldapp.postgres-database"
     p = mesh.provision(key)
