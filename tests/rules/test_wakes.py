@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import msgspec
 import pytest
 from mesh import PLANS_READ, Mesh, keeper, req, sample_mesh, settle, wake_settle
 
@@ -231,3 +232,20 @@ def test_6_wakes_suffice_for_a_held_modules_keys_when_their_providers_registrati
     m = mesh()
     # redis is no longer registered: app, which needs its cache, is held; its key is kept, and says why.
     settles_by_wakes(m, lambda m: m.delete(MODULES, "redis"))
+
+
+def test_6_a_warrant_written_into_a_retiring_key_wakes_the_key() -> None:
+    from mesh_provisioner.messages import records as rec
+    from mesh_provisioner.rules.view import MemoryView, entry_of
+    from mesh_provisioner.rules.wakes import woken_by
+
+    key = "bee.old.db"
+    p = rec.Provision(provision="db", consumer=rec.End("old", "bee"), provider=rec.End("pg", "ace"),
+                      state="retiring", ask="retire-bee-old-db-1")
+    answered = msgspec.structs.replace(p, warrant=rec.ProvisionWarrant(ask=p.ask, option="yes", by="the operator"))
+    view = MemoryView()
+    old = entry_of(PROVISIONS, key, rec.encode(p), 1)
+    new = view.put(PROVISIONS, key, rec.encode(answered), 2)
+    assert key in woken_by(view, PROVISIONS, key, old, new).keys
+    # Writing the same key again with its warrant unchanged wakes nothing more.
+    assert key not in woken_by(view, PROVISIONS, key, new, new).keys
