@@ -110,11 +110,14 @@ def test_a_slow_node_delays_no_other(spy: ComposeSpy, sup: Supervisor, mesh: Bus
     # bee composes and writes while ace is held.
     mesh.put(PLACEMENT, "bee", {"node": "bee", "modules": [{"module": m} for m in ("webapp", "reports")]})
     mesh.put(WANTS, "want.bee.mailer", {"fp": "", "removed": True})
-    wait_until(lambda: mesh.plan("bee.mailer") is None, HOLD, what="bee's composition written while ace is held")
+
+    def bee_written() -> bool:
+        p = mesh.provision("bee.mailer.postgres-database.mail")  # the last of bee's writes (its plans go first)
+        return mesh.plan("bee.mailer") is None and p is not None and p.state == r.RETIRING
+
+    wait_until(bee_written, HOLD, what="bee's composition written while ace is held")
     assert spy.finished["bee"] > before
     assert not gate.is_set() and spy.running["ace"] == 1, "ace is still held while bee composed and wrote"
-    p = mesh.provision("bee.mailer.postgres-database.mail")
-    assert p is not None and p.state == r.RETIRING
     gate.set()
     settle(sup)
     assert_fixed_point(mesh)
