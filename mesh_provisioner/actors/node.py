@@ -54,20 +54,34 @@ class NodeActor(SeatActor):
             self.dirty = True
             self.changed_since = earliest(self.changed_since, getattr(message, "at", 0.0))
             if isinstance(message, Resync):
-                # A composition leaves a held module's keys as they are (5.2), yet their state still follows their
-                # provider (5.3): judge every key of the node too, or a judgement lost with a dead predecessor's
-                # mailbox, or made while no seat ran, would never be made (design.md, property 3).
-                self.keys |= set(self.seat.view.keys(PROVISIONS, self.node))
+                self._every_key()
             self.tick()
         elif isinstance(message, Rejudge):
             self.keys |= message.keys
             self.keys_since = earliest(self.keys_since, message.at)
             self.tick()
         elif isinstance(message, ComposeNode):
-            composed = self.compose()
-            self._rejudge_pending()
+            try:
+                composed = self.compose()
+                self._rejudge_pending()
+            except Exception:
+                # The asker hears the error, and pykka keeps an actor whose asked message failed alive: what was
+                # pending (a change coalesced into this composition, keys to judge) is done again from the bus at
+                # the next tick, as after a restart; a failure there is a crash the supervisor restarts.
+                self.dirty = True
+                self._every_key()
+                self.tick()
+                raise
             return composed
         return None
+
+    def _every_key(self) -> None:
+        """Judge every key of the node at the next tick, from the bus (design.md, property 3).
+
+        A composition leaves a held module's keys as they are (5.2), yet their state still follows their provider
+        (5.3): after a restart, or a failure, a judgement lost with what was pending would otherwise never be made.
+        """
+        self.keys |= set(self.seat.view.keys(PROVISIONS, self.node))
 
     def compose(self) -> r.Composed:
         """Compose the node now, writing by compare-and-set; answers what the composition did."""

@@ -50,11 +50,12 @@ class ComposeSpy:
             self.count[node] += 1
             self.most[node] = max(self.most[node], self.running[node])
         try:
+            # Held after it read the view: a change arriving while it is held is not in what it writes.
+            result: Result = self.real(view, node, now)  # type: ignore[operator]
             gate = self.gates.get(node)
             if gate is not None:
                 self.entered[node].set()
                 assert gate.wait(HOLD), f"the composition of {node} was never released"
-            result: Result = self.real(view, node, now)  # type: ignore[operator]
             return result
         finally:
             with self.lock:
@@ -149,3 +150,34 @@ def test_a_change_arriving_during_a_composition_is_never_lost(spy: ComposeSpy, s
     held = mesh.refusal("bee.mailer")
     assert held is not None and "ml9" in held.why
 
+
+
+def test_a_composition_asked_for_that_fails_loses_no_pending_change(
+    spy: ComposeSpy, sup: Supervisor, mesh: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = spy.hold("bee")
+    sup.tell("node:bee", Changed())
+    assert spy.entered["bee"].wait(HOLD)
+    # While bee composes: a change (its tick comes after what is queued now), then a host's ComposeNode, whose
+    # composition fails (say, the bus timed out). The ask answers the error; the change must still be composed.
+    mesh.put(WANTS, "want.bee.mailer", {"fp": "ml9"})
+    wait_until(lambda: sup.in_flight.total() >= 2, HOLD, what="the change told to bee")
+    real, before, failed = spy.real, spy.count["bee"], []
+
+    def fails_once(view: View, node: str, now: datetime) -> Result:
+        if node == "bee" and spy.count["bee"] == before + 1 and not failed:  # the asked composition, after the held
+            failed.append(node)
+            raise TimeoutError("the bus did not answer in time")
+        result: Result = real(view, node, now)  # type: ignore[operator]
+        return result
+
+    spy.real = fails_once
+    asked = sup.compose("bee")
+    gate.set()
+    with pytest.raises(TimeoutError):
+        asked.get(timeout=HOLD)
+    settle(sup)
+    assert failed == ["bee"]
+    held = mesh.refusal("bee.mailer")
+    assert held is not None and "ml9" in held.why
+    assert_fixed_point(mesh)
