@@ -23,6 +23,7 @@ from typing import Any
 
 import pykka
 from nats.aio.client import Client
+from nats.aio.subscription import Subscription
 
 from mesh_provisioner.actors.asker import AskerActor
 from mesh_provisioner.actors.base import InFlight
@@ -106,6 +107,7 @@ class Supervisor:
         self._clock: Callable[[], datetime] = lambda: datetime.now(UTC)
         # It answers only its router: a warrant is taken only with its valid signature.
         self._verify = make_verify(config.router_key) if config.router_key else None
+        self._decided_sub: Subscription | None = None
         self.ref = _SupervisorActor.start(self)
 
     # ---- starting and stopping ------------------------------------------------------------------------------
@@ -138,7 +140,7 @@ class Supervisor:
             thread.run(sup.cache.start(), config.request_timeout)
             thread.run(sup.cache.wait_synced(), config.request_timeout * 6)
             sup._retire_needs()
-            thread.run(sup.asks.subscribe_decided(sup._decided), config.request_timeout)
+            sup._decided_sub = thread.run(sup.asks.subscribe_decided(sup._decided), config.request_timeout)
             sup._start_children()
         except BaseException:
             sup.stop()
@@ -212,6 +214,10 @@ class Supervisor:
             self.loop.run(self.cache.stop(), timeout)
             if self.owns_nc:
                 self.loop.run(self.nc.close(), timeout)
+            elif self._decided_sub is not None:
+                # On a host's connection nothing of this seat stays subscribed: a seat started again on it (a
+                # standby taking the lease back) would hear the router twice, and this one would be kept alive.
+                self.loop.run(self._decided_sub.unsubscribe(), timeout)
         except Exception as err:  # the bus may be gone already: the actors are stopped, which is what counts
             log.debug("the bus did not close cleanly: %s", err)
         if self.owns_nc:

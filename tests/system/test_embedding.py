@@ -47,6 +47,11 @@ class Pinger(pykka.ThreadingActor):
         return "pong"
 
 
+def subjects(nc: Any) -> list[str]:
+    """What a connection is subscribed to, but nats-py's own inbox for replies (made at its first request)."""
+    return sorted(sub.subject for sub in nc._subs.values() if not sub.subject.startswith("_INBOX."))
+
+
 @pytest.fixture
 def second(tmp_path: Path) -> Iterator[NatsServer]:
     root = tmp_path / "second"
@@ -88,6 +93,7 @@ def test_two_supervisors_in_a_host_actor_system(
             load_sample(bus.url)
             bus.create_asks_stream()
         # A runs on a connection of its own; B on the host's connection and loop.
+        subscriptions = subjects(host_nc)
         sup_a = seats.start(seat_config(bus_a.url))
         sup_b = seats.start(seat_config(bus_b.url), nc=host_nc, loop=host_loop.loop)
         settle(sup_a)
@@ -116,8 +122,11 @@ def test_two_supervisors_in_a_host_actor_system(
         assert_fixed_point(bus_b)
 
         sup_b.stop()
-        # B stopped its own actors only: the host's connection and loop are the host's, and still work.
+        # B stopped its own actors only: the host's connection and loop are the host's, and still work; and it left
+        # nothing subscribed on that connection (a seat started again on it, as a standby taking the lease back
+        # does, must not hear the router twice).
         assert host_nc.is_connected and host_loop.loop.is_running()
+        assert subjects(host_nc) == subscriptions
         host_loop.run(host_nc.flush(), 10)
         assert host.is_alive() and pinger.is_alive()
         assert pykka.ActorRegistry.get_by_class(Host) == [host]
