@@ -1,0 +1,48 @@
+"""A server frozen (SIGSTOP) while the seat writes: the write times out on the seat's side, the server makes it once
+it runs again, and the seat settles at a fixed point with it, neither losing it nor making it twice."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from helpers import NatsServer, wait_until
+from seatbus import Bus, Seats, assert_fixed_point, seat_config, settle
+
+from mesh_provisioner.actors import node as node_actor
+from mesh_provisioner.rules.view import WANTS
+
+
+def test_a_write_timed_out_on_a_paused_server_is_not_lost(
+    nats_server: NatsServer, mesh: Bus, seats: Seats, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sup = seats.start(seat_config(mesh.url, request_timeout=10.0))
+    assert sup.wait_settled(30)
+    real = node_actor.compose_node
+    gate, read, done = threading.Event(), threading.Event(), threading.Event()
+
+    def held_after_reading(view: Any, node: str, now: Any) -> Any:
+        result = real(view, node, now)
+        if node == "bee" and not gate.is_set():
+            read.set()
+            assert gate.wait(30)
+            done.set()
+        return result
+
+    monkeypatch.setattr(node_actor, "compose_node", held_after_reading)
+    mesh.put(WANTS, "want.bee.mailer", {"fp": "ml9"})
+    assert read.wait(30)
+    nats_server.pause()
+    try:
+        gate.set()
+        assert done.wait(30)
+        # The composition's write waits for an answer that does not come, and fails.
+        wait_until(lambda: sup.store.counts()["failed writes"] > 0, 30, interval=0.05, what="the write failed")
+    finally:
+        nats_server.resume()
+    settle(sup)
+    assert sup.store.counts()["failed writes"] >= 1
+    held = mesh.refusal("bee.mailer")
+    assert held is not None and "ml9" in held.why
+    assert_fixed_point(mesh)
