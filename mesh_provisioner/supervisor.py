@@ -23,6 +23,7 @@ from typing import Any
 
 import pykka
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from mesh_provisioner.actors.asker import AskerActor
@@ -61,6 +62,8 @@ from mesh_provisioner.rules.wakes import known_nodes, woken_by
 log = logging.getLogger("mesh_provisioner.supervisor")
 
 ASKER = "asker"
+# JetStream's advisory of a stream created: the router's, which takes asks, may be one (contract 5.4).
+STREAM_CREATED = "$JS.EVENT.ADVISORY.STREAM.CREATED.*"
 
 
 @dataclass
@@ -107,7 +110,7 @@ class Supervisor:
         self._clock: Callable[[], datetime] = lambda: datetime.now(UTC)
         # It answers only its router: a warrant is taken only with its valid signature.
         self._verify = make_verify(config.router_key) if config.router_key else None
-        self._decided_sub: Subscription | None = None
+        self._subs: list[Subscription] = []  # on the connection, for the router: dropped when this stops
         self.ref = _SupervisorActor.start(self)
 
     # ---- starting and stopping ------------------------------------------------------------------------------
@@ -140,7 +143,8 @@ class Supervisor:
             thread.run(sup.cache.start(), config.request_timeout)
             thread.run(sup.cache.wait_synced(), config.request_timeout * 6)
             sup._retire_needs()
-            sup._decided_sub = thread.run(sup.asks.subscribe_decided(sup._decided), config.request_timeout)
+            sup._subs.append(thread.run(sup.asks.subscribe_decided(sup._decided), config.request_timeout))
+            sup._subs.append(thread.run(nc.subscribe(STREAM_CREATED, cb=sup._stream_created), config.request_timeout))
             sup._start_children()
         except BaseException:
             sup.stop()
@@ -214,10 +218,11 @@ class Supervisor:
             self.loop.run(self.cache.stop(), timeout)
             if self.owns_nc:
                 self.loop.run(self.nc.close(), timeout)
-            elif self._decided_sub is not None:
+            else:
                 # On a host's connection nothing of this seat stays subscribed: a seat started again on it (a
                 # standby taking the lease back) would hear the router twice, and this one would be kept alive.
-                self.loop.run(self._decided_sub.unsubscribe(), timeout)
+                for sub in self._subs:
+                    self.loop.run(sub.unsubscribe(), timeout)
         except Exception as err:  # the bus may be gone already: the actors are stopped, which is what counts
             log.debug("the bus did not close cleanly: %s", err)
         if self.owns_nc:
@@ -298,6 +303,13 @@ class Supervisor:
                     self.tell(self._node(node), Rejudge(frozenset(keys), at))
         if woken.decide:
             self.tell(ASKER, Look(woken.decide))
+
+    async def _stream_created(self, msg: Msg) -> None:
+        """A stream was created: if it is the router's, the asks not published for want of one go out now (5.4).
+
+        An ask that found no stream to take it is otherwise published only at its key's next change.
+        """
+        self._decided()
 
     def _decided(self) -> None:
         self.tell(ASKER, Decided())

@@ -214,6 +214,8 @@ class Bus:
 
         async def go() -> list[tuple[str, r.Ask]]:
             info = await self.js.stream_info(ASKS_STREAM)
+            if not info.state.messages:
+                return []
             out = []
             for seq in range(info.state.first_seq, info.state.last_seq + 1):
                 try:
