@@ -54,6 +54,7 @@ from mesh_provisioner.messages.protocol import (
 )
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.metrics import Metrics
+from mesh_provisioner.rules.keys import is_token
 from mesh_provisioner.rules.retire import retire_needs
 from mesh_provisioner.rules.signature import make_verify
 from mesh_provisioner.rules.view import Entry, MemoryView
@@ -291,6 +292,10 @@ class Supervisor:
         woken = woken_by(self.view, state, key, old, new)
         at = time.monotonic()
         for node in woken.nodes:
+            if not is_token(node):
+                # Section 7: a key whose node is not a token is bad input; it gets no actor of its own, as at start.
+                log.warning("%s %s names no node (%r is not a token): nothing is composed for it", state, key, node)
+                continue
             self.tell(self._node(node), Changed(at))
         if woken.keys:
             if state.endswith(".bound"):
@@ -300,7 +305,8 @@ class Supervisor:
                 for k in woken.keys:
                     by_node.setdefault(k.split(".", 1)[0], set()).add(k)
                 for node, keys in by_node.items():
-                    self.tell(self._node(node), Rejudge(frozenset(keys), at))
+                    if is_token(node):
+                        self.tell(self._node(node), Rejudge(frozenset(keys), at))
         if woken.decide:
             self.tell(ASKER, Look(woken.decide))
 

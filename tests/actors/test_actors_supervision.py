@@ -190,3 +190,16 @@ def test_reconcile_judges_every_key_of_a_node_held_modules_too(bus: Bus, seats: 
     settle(sup)
     p = bus.provision(HELD_KEY)
     assert p is not None and p.state == r.PROVIDED, p  # keycloak runs healthy at its want
+
+
+def test_a_key_naming_no_node_gets_no_actor(sup: Supervisor, mesh: Bus) -> None:
+    children = set(sup.children())
+    # Valid key-value keys whose node is not a token (contract 1, 7): bad input, named, and no actor made for it.
+    mesh.put(HAVE, "a=b.gitea", {"fp": "gt1", "phase": "running", "health": "ok"})
+    mesh.put(WANTS, "want.c=d.gitea", {"fp": "gt1"})
+    mesh.put(WANTS, "want.bee.mailer", {"fp": "ml9"})  # and everything else keeps working
+    settle(sup)
+    assert set(sup.children()) == children
+    held = mesh.refusal("bee.mailer")
+    assert held is not None and "ml9" in held.why
+    assert_fixed_point(mesh)
