@@ -284,7 +284,7 @@ class Cache:
             watcher = None
             try:
                 watcher = await kv.watchall(inactive_threshold=_INACTIVE_THRESHOLD)
-                await self._load(state, watcher, info.state.last_seq)
+                await self._load(state, watcher, info.state.last_seq, info.state.messages)
                 delay = self._backoff[0]
                 self._watchers[state] = watcher
                 await self._follow(state, watcher)
@@ -301,20 +301,27 @@ class Cache:
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._backoff[1])
 
-    async def _load(self, state: str, watcher: KeyValue.KeyWatcher, last: int) -> None:
+    async def _load(self, state: str, watcher: KeyValue.KeyWatcher, last: int, messages: int = 0) -> None:
         """Read the bucket's current values through a new watch and reconcile memory with them.
 
-        `last` is the stream's last revision from just before the watch started: everything up to it is in the
-        values the watch delivers first, up to its marker.
+        `last` is the stream's last revision and `messages` its count of messages from just before the watch
+        started: everything up to `last` is in the values the watch delivers first. nats-py's marker (None) that
+        says they have all come may come before them (it races the consumer's first deliveries), so it ends the
+        load only of a bucket that held nothing; else the load ends at the value with nothing pending after it,
+        or at one of revision `last` or later. Values ignored as loaded would be lost: the floor drops them.
         """
         snapshot: dict[str, KeyValue.Entry] = {}
         while True:
             update = await watcher.updates(timeout=self._load_timeout)  # type: ignore[no-untyped-call]
             if update is None:
-                break  # the watch's marker: every current value has come
+                if not messages:
+                    break  # an empty bucket: the watch's marker is all there is
+                continue
             if isinstance(update, StopIterSentinel):
                 raise RuntimeError(f"the watch of {bucket(state)} was stopped while loading")
             snapshot[update.key] = update
+            if not update.delta or (update.revision or 0) >= last:
+                break
         self._latest[state] = max([last, *(e.revision or 0 for e in snapshot.values())])
         self._reconcile(state, {k: _content(e) for k, e in snapshot.items()}, last)
         self._done_loading(state)

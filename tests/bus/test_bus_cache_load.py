@@ -1,0 +1,94 @@
+"""The cache's first load of a bucket is whole even when nats-py's watch says "all values came" before they did.
+
+nats-py's `KeyValue.watch` puts its marker (None: every current value delivered) as soon as the consumer reports
+nothing pending and the client has handled no message yet; the consumer may have pushed every value by then, so the
+marker can come before the values. A cache that took that marker as the end of its load reconciled memory with an
+empty bucket, raised its floor to the stream's last revision, and then dropped the values as old news when they
+came: keys lost for as long as the seat ran (design.md, property 3). Found by the fault runner's fixed-point check
+(a fresh seat judged credentials `asked` for want of mesh-vault's entries it never kept).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from helpers import NatsServer, seed_buckets, wait_until
+from nats.aio.client import Client
+from nats.js.kv import KeyValue
+
+from mesh_provisioner.bus.cache import Cache
+from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.rules.view import bound, bucket
+
+STATE = bound("mesh-vault")
+KEYS = ("ace.gitea.pg-credential.main", "ace.postgres.pg-credential", "bee.mailer.pg-credential.mail")
+
+
+class MarkerFirst:
+    """A real watch whose marker comes before its values, as nats-py's does when it loses the race."""
+
+    def __init__(self, real: KeyValue.KeyWatcher) -> None:
+        self.real = real
+        self.marked = False
+
+    async def updates(self, timeout: float = 5.0) -> Any:
+        if not self.marked:
+            self.marked = True
+            return None
+        return await self.real.updates(timeout=timeout)  # type: ignore[no-untyped-call]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self.real.__aiter__()  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def racing(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = KeyValue.watchall
+
+    async def watchall(self: KeyValue, **kwargs: Any) -> Any:
+        return MarkerFirst(await real(self, **kwargs))
+
+    monkeypatch.setattr(KeyValue, "watchall", watchall)
+
+
+def test_a_marker_before_the_values_loses_none_of_them(
+    racing: None, loop: EventLoopThread, nc: Client, other: Client, nats_server: NatsServer
+) -> None:
+    seed_buckets(nats_server.url, [STATE])
+
+    async def fill() -> None:
+        kv = await other.jetstream().key_value(bucket(STATE))
+        for key in KEYS:
+            await kv.put(key, b'{"state": "provided"}')
+
+    loop.run(fill(), 10)
+    cache = Cache(nc, states=[STATE])
+    loop.run(cache.start(), 10)
+    try:
+        loop.run(cache.wait_synced(10), 15)
+        # Loaded whole, and nothing comes later to be dropped: the three keys are there once synced.
+        assert sorted(cache.view.keys(STATE)) == sorted(KEYS)
+        assert loop.run(cache.caught_up(), 10)
+        wait_until(lambda: loop.run(cache.caught_up(), 10), 5, what="the watch caught up")
+        assert sorted(cache.view.keys(STATE)) == sorted(KEYS)
+    finally:
+        loop.run(cache.stop(), 10)
+
+
+def test_an_empty_bucket_still_loads_at_the_marker(
+    racing: None, loop: EventLoopThread, nc: Client, nats_server: NatsServer
+) -> None:
+    seed_buckets(nats_server.url, [STATE])
+    cache = Cache(nc, states=[STATE])
+    loop.run(cache.start(), 10)
+    try:
+        loop.run(asyncio.wait_for(cache.wait_synced(), 5), 10)
+        assert list(cache.view.keys(STATE)) == []
+    finally:
+        loop.run(cache.stop(), 10)
