@@ -327,9 +327,11 @@ def decode(kind: type[R], raw: bytes, *, state: str = "", key: str = "") -> R:
     decoder = _decoders.get(kind)
     if decoder is None:
         decoder = _decoders[kind] = msgspec.json.Decoder(kind)
+    where = f"{state} {key}".strip() or kind.__name__
     try:
         value: R = decoder.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as err:
-        where = f"{state} {key}".strip() or kind.__name__
         raise BadValue(f"{where} does not decode: {err}") from None
+    except RecursionError:  # msgspec's answer to nesting deeper than the interpreter's recursion limit
+        raise BadValue(f"{where} does not decode: it is nested too deeply") from None
     return value

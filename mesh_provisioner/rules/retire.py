@@ -185,7 +185,7 @@ def _written_warrant(raw: bytes) -> Mapping[str, Any] | None:
     """The warrant object as the router wrote it in its record, None when the record holds none."""
     try:
         record = msgspec.json.decode(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     warrant = record.get("warrant") if isinstance(record, dict) else None
     return warrant if isinstance(warrant, dict) else None

@@ -77,6 +77,8 @@ def parse(request: bytes) -> Request | Error:
         return Error(f"the request is not an object of what, node, module and collection: {err}")
     except msgspec.DecodeError as err:
         return Error(f"the request is not JSON: {err}")
+    except RecursionError:
+        return Error("the request is nested too deeply")
     if req.what not in STATES:
         return Error(f"the request asks for {req.what!r}, which is none of {', '.join(STATES)}")
     for name in ("node", "module", "collection"):
@@ -118,6 +120,8 @@ def item(view: View, state: str, key: str) -> Item | None:
         _any.decode(e.raw)
     except msgspec.DecodeError as err:
         return Item(key, _NULL, f"{state} {key} is not JSON: {err}")
+    except RecursionError:
+        return Item(key, _NULL, f"{state} {key} is nested too deeply to read")
     return Item(key, msgspec.Raw(e.raw))
 
 
