@@ -59,6 +59,8 @@ OPTIONS: Final = (
            "compositions at once; 0: no bound, 1: one node at a time", int),
     Option("--lease-seconds", "MESH_PROVISIONER_LEASE_SECONDS", "lease_seconds",
            "the seat's lease time, the max age of its lease bucket", float),
+    Option("--replicas", "MESH_PROVISIONER_REPLICAS", "replicas",
+           "servers of a JetStream cluster that keep each bucket the seat creates", int),
     Option("--router-key", "MESH_PROVISIONER_ROUTER_KEY", "router_key",
            "the asks router's ed25519 public key (base64): answers are taken only with its signature"),
     Option("--metrics-addr", "MESH_PROVISIONER_METRICS_ADDR", "metrics_addr",

@@ -18,6 +18,8 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     """How many compositions run at once; 0 is no bound, 1 composes one node at a time."""
     lease_seconds: float = 15.0
     """The seat's lease time: the max age of `mesh-provisioner_seat` (contract section 8)."""
+    replicas: int = 1
+    """How many servers of a JetStream cluster keep each bucket the seat creates (its own states, section 4)."""
     request_timeout: float = 10.0
     """How long one call from an actor to the bus may take before it counts as failed."""
     conflict_retries: int = 8

@@ -32,7 +32,8 @@ class Seat:
         self.config = config
         self.loop = EventLoopThread()
         self.nc: Client = self.loop.run(connect_config(config), config.request_timeout * 3)
-        self.loop.run(ensure_buckets(self.nc.jetstream(), lease=config.lease_seconds), config.request_timeout)
+        buckets = ensure_buckets(self.nc.jetstream(), lease=config.lease_seconds, replicas=config.replicas)
+        self.loop.run(buckets, config.request_timeout)
         self.lease = SeatLease(self.nc, config.lease_seconds)
         self.supervisor: Supervisor | None = None
         self.on_hold = on_hold or (lambda _: None)

@@ -140,7 +140,8 @@ class Supervisor:
             sup._clock = clock
         sup.store.guard = guard
         try:
-            thread.run(ensure_buckets(nc.jetstream(), lease=config.lease_seconds), config.request_timeout)
+            buckets = ensure_buckets(nc.jetstream(), lease=config.lease_seconds, replicas=config.replicas)
+            thread.run(buckets, config.request_timeout)
             thread.run(sup.cache.start(), config.request_timeout)
             thread.run(sup.cache.wait_synced(), config.request_timeout * 6)
             sup._retire_needs()

@@ -157,11 +157,13 @@ async def ensure_buckets(
     *,
     history: int = 1,
     lease: float = LEASE_SECONDS,
+    replicas: int = 1,
 ) -> list[str]:
     """Create the bucket of each state that has none; answers the buckets created.
 
     The seat creates only its own states' buckets (contract section 4); the lease bucket's max age is the lease
-    time (section 8). A bucket that exists is left as it is, whatever its configuration.
+    time (section 8). `replicas` is how many servers of a cluster keep each (JetStream's R; at most the cluster's
+    size). A bucket that exists is left as it is, whatever its configuration.
     """
     created = []
     for state in states:
@@ -172,7 +174,7 @@ async def ensure_buckets(
             pass
         ttl = lease if state == SEAT else None
         try:
-            await js.create_key_value(bucket=bucket(state), history=history, ttl=ttl)
+            await js.create_key_value(bucket=bucket(state), history=history, ttl=ttl, replicas=replicas)
         except nats.js.errors.APIError as err:
             if err.err_code != _STREAM_NAME_IN_USE:
                 raise
