@@ -27,6 +27,7 @@ import os
 import random
 import threading
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,6 +45,7 @@ from mesh_provisioner.config import Config
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules import keys as k
 from mesh_provisioner.rules.view import (
+    ASK_RECORDS,
     BUILDS,
     HAVE,
     MANIFESTS,
@@ -118,6 +120,8 @@ REFERENCED = {
     (bound("mesh-vault"), "ace.postgres.postgres-database-credential"),
 }
 Change = tuple[str, str, dict[str, Any] | None]
+# Not a state: the router decides every ask it holds and has not decided yet, each key's answer always the same.
+ROUTER = "router"
 
 
 def extra_states() -> dict[str, dict[str, bytes]]:
@@ -185,9 +189,11 @@ def stream(seed: int, n: int) -> list[Change]:
             node = rng.choice(NODES)
             value = {"providers": {"oidc-client": rng.choice(NODES), "object-storage": rng.choice(NODES)}}
             changes.append((RESOLVED, f"{node}.webapp", value if rng.random() < 0.7 else None))
-        else:
+        elif roll < 0.97:
             manifest = rng.choice(["m-keycloak", "m-keycloak-s3"])
             changes.append((MODULES, "keycloak", {"module": "keycloak", "fp": "kc1", "manifest": manifest}))
+        else:
+            changes.append((ROUTER, "", None))
     # The final mesh: every composing key the stream touched, and every key of the final mesh, set to it.
     final = final_mesh()
     touched = {(state, key) for state, key, _ in changes if state in COMPOSING}
@@ -317,7 +323,10 @@ class Twin:
     def write(self, change: Change) -> None:
         state, key, value = change
         for bus in self.buses:
-            bus.write(state, key, value)
+            if state == ROUTER:
+                decide_all(bus)
+            else:
+                bus.write(state, key, value)
 
     def settle(self) -> float:
         """Seconds until both seats are settled; fails past SETTLE_SECONDS."""
@@ -338,6 +347,14 @@ class Twin:
         assert cas.writes > 0 and not cas.blind, cas.blind[:10]
         assert composing.count > 0 and composing.most == 1
         return same
+
+
+def decide_all(bus: Bus) -> None:
+    """The router decides each ask it holds and has not decided yet: yes for about half the keys, no for the rest."""
+    for msg_id, ask in bus.asks_published():
+        if bus.get(ASK_RECORDS, msg_id) is None:
+            key = ask.about.removeprefix("provision.")
+            bus.decide(key, msg_id, "yes" if zlib.crc32(key.encode()) % 2 else "no")
 
 
 def assert_same(a: Bus, b: Bus) -> str:
@@ -432,7 +449,8 @@ def test_chaos_kills_during_a_stream_of_changes(
         settled_in = twin.settle()
         print(f"chaos: {i} changes, {killed} kills, settled {settled_in:.2f} s after the last; "  # noqa: T201
               f"{composing.count} compositions, {cas.writes} compare-and-sets, "
-              f"{sup.asks.duplicates} asks published again and kept once")
+              f"{sup.asks.duplicates} asks published again and kept once, "
+              f"{len(disturbed.entries(ASK_RECORDS))} decided by the router")
         assert i == len(changes), "the stream did not end in time"
         assert killed >= KILLS
         print(twin.check(cas, composing))  # noqa: T201
