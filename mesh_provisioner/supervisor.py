@@ -261,6 +261,24 @@ class Supervisor:
         """Why a warrant's signature is refused; with no router key configured, none is required."""
         return self._verify(warrant) if self._verify is not None else ""
 
+    def retry(self, name: str, message: Message, attempt: int) -> None:
+        """Tell a child a message again after a backoff (50 ms doubling to 5 s, as restarts), counted in flight."""
+        delay = min(self.config.backoff_first * 2 ** (attempt - 1), self.config.backoff_max)
+        token = f"retry:{name}:{id(message)}"
+        self.in_flight.sent(token)
+        log.info("%s tries its failed write again in %.2f s", name, delay)
+
+        def due() -> None:
+            try:
+                if not self._stopping:
+                    self.tell(name, message)
+            finally:
+                self.in_flight.done(token)
+
+        timer = threading.Timer(delay, due)
+        timer.daemon = True
+        timer.start()
+
     def killed(self, urn: str) -> bool:
         """Whether an actor instance was killed through the chaos API."""
         return urn in self._killed

@@ -61,7 +61,7 @@ class AskerActor(SeatActor):
             said[:] = [decided.said]
             return decided.writes
 
-        why = self.write(judge, self.retries)
+        why = self.write(judge, self.retries, again=Look(frozenset({key})))
         if why:
             log.warning("the answer for %s is not written: %s", key, why)
         elif said and said[0]:

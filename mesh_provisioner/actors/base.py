@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import pykka
 
 from mesh_provisioner.messages import records as r
-from mesh_provisioner.messages.protocol import ChildExited, Crash, Message, Tick
+from mesh_provisioner.messages.protocol import ChildExited, Crash, Message, Rejudge, Tick
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.metrics import Metrics
 from mesh_provisioner.rules.node import rejudge
@@ -74,6 +74,10 @@ class Seat(Protocol):
         """Whether an actor instance was killed through the chaos API."""
         ...
 
+    def retry(self, name: str, message: Message, attempt: int) -> None:
+        """Tell a child a message again after a backoff that grows with the attempt, counted in flight meanwhile."""
+        ...
+
 
 class ActorKilled(RuntimeError):
     """The chaos API killed this actor."""
@@ -128,6 +132,7 @@ class SeatActor(pykka.ThreadingActor):
         self.seat = seat
         self.in_flight = in_flight
         self.reported = False
+        self.failures = 0  # writes failed in a row, for the backoff of their retry
 
     def on_receive(self, message: Any) -> Any:
         """Handle one message; a killed actor dies at its next message, as a crash would, its mailbox lost."""
@@ -169,7 +174,7 @@ class SeatActor(pykka.ThreadingActor):
             said[:] = [judged.said]
             return judged.writes
 
-        why = self.write(judge, self.retries, since)
+        why = self.write(judge, self.retries, since, Rejudge(frozenset({key})))
         if why:
             log.warning("%s is not judged again: %s", key, why)
         elif said and said[0]:
@@ -188,23 +193,31 @@ class SeatActor(pykka.ThreadingActor):
             self.reported = True
             self.seat.exited(ChildExited(self.name, self.actor_urn, failed=failed, why=why))
 
-    def write(self, judge: Callable[[], list[Write]], retries: int, since: float = 0.0) -> str:
+    def write(self, judge: Callable[[], list[Write]], retries: int, since: float = 0.0,
+              again: Message | None = None) -> str:
         """Judge and apply writes by compare-and-set; on a conflict read the key again and judge again.
 
         Answers "" once the writes landed (or there were none), else why they did not: never a blind put. `since`
         is when the change that asked for this judgement reached the cache, for the change-to-write histogram.
+        A write that failed for another reason than a conflict (the bus out of reach, say) is not lost: `again`,
+        the message that redoes this work, comes back after a backoff (design.md, property 3).
         """
         why = ""
         for _ in range(retries + 1):
             writes = judge()
             if not writes:
+                self.failures = 0
                 return ""
             applied = self.seat.apply(writes)
             if applied.conflict is None and not applied.error:
+                self.failures = 0
                 if since:
                     self.seat.metrics.change_to_write.observe(time.monotonic() - since)
                 return ""
             if applied.conflict is None:
+                if again is not None:
+                    self.failures += 1
+                    self.seat.retry(self.name, again, self.failures)
                 return applied.error
             why = f"{applied.conflict.key} changed while it was judged"
             self.seat.refresh(applied.conflict)

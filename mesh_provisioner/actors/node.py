@@ -96,9 +96,9 @@ class NodeActor(SeatActor):
 
         if self.parallel is not None:
             with self.parallel:
-                why = self.write(judge, self.retries, since)
+                why = self.write(judge, self.retries, since, Changed())
         else:
-            why = self.write(judge, self.retries, since)
+            why = self.write(judge, self.retries, since, Changed())
         self.compositions += 1
         self.seat.metrics.compositions.inc()
         composed = result[0]

@@ -203,3 +203,19 @@ def test_a_key_naming_no_node_gets_no_actor(sup: Supervisor, mesh: Bus) -> None:
     held = mesh.refusal("bee.mailer")
     assert held is not None and "ml9" in held.why
     assert_fixed_point(mesh)
+
+
+def test_a_write_that_failed_for_another_reason_than_a_conflict_is_made_again(mesh: Bus, seats: Seats) -> None:
+    # The bus refuses every write at first (as a JetStream briefly unavailable would): nothing is lost, every
+    # failed piece of work comes back after its backoff and lands once writes go through, with no change on the bus.
+    refusing = threading.Event()
+    refusing.set()
+    sup = seats.start(seat_config(mesh.url), guard=lambda: "the bus is briefly unavailable" if refusing.is_set() else "")
+    wait_until(lambda: sup.store.errors >= 3, 30, 0.01, "writes refused and tried again")
+    assert mesh.provision("ace.gitea.postgres-database.main") is None  # nothing went through yet
+    assert not sup.wait_settled(0.5)  # retries are work in flight: the seat is not settled while they fail
+    refusing.clear()
+    settle(sup)
+    assert r.RETIRING == mesh.provision("bee.oldapp.postgres-database").state  # type: ignore[union-attr]
+    assert mesh.provision("ace.gitea.postgres-database.main").state == r.PROVIDED  # type: ignore[union-attr]
+    assert_fixed_point(mesh)
