@@ -210,12 +210,15 @@ def test_a_write_that_failed_for_another_reason_than_a_conflict_is_made_again(me
     # failed piece of work comes back after its backoff and lands once writes go through, with no change on the bus.
     refusing = threading.Event()
     refusing.set()
-    sup = seats.start(seat_config(mesh.url), guard=lambda: "the bus is briefly unavailable" if refusing.is_set() else "")
+    def guard() -> str:
+        return "the bus is briefly unavailable" if refusing.is_set() else ""
+
+    sup = seats.start(seat_config(mesh.url), guard=guard)
     wait_until(lambda: sup.store.errors >= 3, 30, 0.01, "writes refused and tried again")
     assert mesh.provision("ace.gitea.postgres-database.main") is None  # nothing went through yet
     assert not sup.wait_settled(0.5)  # retries are work in flight: the seat is not settled while they fail
     refusing.clear()
     settle(sup)
-    assert r.RETIRING == mesh.provision("bee.oldapp.postgres-database").state  # type: ignore[union-attr]
+    assert mesh.provision("bee.oldapp.postgres-database").state == r.RETIRING  # type: ignore[union-attr]
     assert mesh.provision("ace.gitea.postgres-database.main").state == r.PROVIDED  # type: ignore[union-attr]
     assert_fixed_point(mesh)
