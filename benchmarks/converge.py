@@ -1,0 +1,324 @@
+"""`python -m benchmarks.converge --nodes N --json FILE`: every figure of the seat's performance, in one run, on one
+nats-server on loopback.
+
+- `kv_put_limit`: pipelined puts a second of one nats-py connection to that server (many published, then their
+  acknowledgements gathered), the best of a few window sizes.
+- cold convergence of a seeded mesh of N nodes (`benchmarks.mesh`), from `Supervisor.start` to `wait_settled`, the
+  seat in a process of its own: `writes`, `seconds`, `writes_per_s`, `ratio_vs_limit`, `peak_rss_bytes_per_key`.
+- `ratio_vs_seed_design`: on a mesh of 100 nodes, the time of the seeds' way (`benchmarks.seed_design`) over the
+  seat's time on the same mesh.
+- steady state: changes of providers' words at a rate for a while (`benchmarks.steady`), each timed from outside
+  to the write it causes: `latency_p50_ms`, `latency_p99_ms`.
+- head-of-line blocking: the same load while one heavy node (500 modules) changes all the time: `light_p99_ms`,
+  and `ratio_vs_serial_p99`, the light p99 of a seat with `max_parallel=1` over that of the seat as configured.
+
+`--quick` makes everything small (a smoke run for the tests, not a measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import nats
+import nats.js.errors
+
+from benchmarks import seed_design, steady
+from benchmarks.mesh import generate, load
+from mesh_provisioner.bus.embedded import EmbeddedServer, server_binary
+from mesh_provisioner.rules.view import bucket
+
+SEED = 20261203
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---- the bus ------------------------------------------------------------------------------------------------------
+
+
+async def _put_limit(url: str, n: int, window: int, value: bytes) -> float:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream(timeout=60)
+        name = f"bench_limit_{window}"
+        await js.create_key_value(bucket=name, history=1)
+        start = time.perf_counter()
+        for i in range(0, n, window):
+            batch = range(i, min(n, i + window))
+            acks = await asyncio.gather(*(js.publish(f"$KV.{name}.k{j}", value) for j in batch))
+            assert all(a.seq for a in acks)
+        rate = n / (time.perf_counter() - start)
+        await js.delete_key_value(name)
+        return rate
+    finally:
+        await nc.close()
+
+
+def put_limit(url: str, n: int, windows: tuple[int, ...] = (100, 250, 500, 1000, 4000)) -> dict[str, Any]:
+    """Pipelined puts a second of one nats-py connection, by window; the best of them is the limit."""
+    # A value the size of a typical provision record.
+    value = json.dumps({
+        "provision": "postgres-database", "local": "main",
+        "consumer": {"module": "app-017", "node": "n00042"}, "provider": {"module": "postgres", "node": "n00007"},
+        "depends-on": ["n00042.app-017.postgres-database-credential.main"], "state": "provided",
+        "reference": {"id": "vault/n00042.app-017.postgres-database.main", "generation": 1},
+        "at": "2026-12-03T05:00:00.123456Z", "v": 1,
+    }, separators=(",", ":")).encode()
+    by_window = {w: asyncio.run(_put_limit(url, n, w, value)) for w in windows}
+    return {"kv_put_limit": max(by_window.values()), "kv_put_limit_by_window": by_window, "value_bytes": len(value)}
+
+
+async def _reset(url: str) -> None:
+    """Delete every stream: the next mesh starts on an empty bus."""
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream(timeout=60)
+        for name in await js.streams_info():
+            await js.delete_stream(name.config.name)
+    finally:
+        await nc.close()
+
+
+def reset(url: str) -> None:
+    """Delete every stream of the server."""
+    asyncio.run(_reset(url))
+
+
+# ---- the seat, in a process of its own ----------------------------------------------------------------------------
+
+
+class SeatProcess:
+    """`benchmarks.seat_proc` in a subprocess: its first line is the cold start's figures."""
+
+    def __init__(self, url: str, max_parallel: int = 0, timeout: float = 1800.0) -> None:
+        cmd = [sys.executable, "-m", "benchmarks.seat_proc", url, "--max-parallel", str(max_parallel),
+               "--timeout", str(timeout)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.started = self._read()
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the seat process ended with {self.proc.wait()}")
+        out: dict[str, Any] = json.loads(line)
+        return out
+
+    def _say(self, command: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def settle(self) -> dict[str, Any]:
+        """Wait until the seat is settled; its figures."""
+        return self._say("settle")
+
+    def stop(self) -> dict[str, Any]:
+        """Stop the seat; its last figures."""
+        out = self._say("stop")
+        self.proc.wait(60)
+        return out
+
+
+# ---- the run ------------------------------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    """The machine the figures are of."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    version = subprocess.run([server_binary(), "--version"], capture_output=True, text=True, check=False).stdout.strip()
+    return {"nproc": os.cpu_count(), "cpu_model": model, "python": platform.python_version(),
+            "nats_server": version, "platform": platform.platform()}
+
+
+def log(*words: Any) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}]", *words, file=sys.stderr, flush=True)
+
+
+def cold(url: str, mesh_nodes: int, seed: int, max_parallel: int = 0) -> tuple[SeatProcess, dict[str, Any]]:
+    """Load a mesh and start a seat on it; the seat process, still running, and its cold start's figures."""
+    mesh = generate(mesh_nodes, seed)
+    loaded = asyncio.run(load(url, mesh))
+    log(f"loaded {loaded} keys of a mesh of {mesh_nodes} nodes; starting the seat")
+    seat = SeatProcess(url, max_parallel)
+    return seat, {**seat.started, "loaded_keys": loaded}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    quick = args.quick
+    rate = args.rate or (100.0 if quick else 500.0)
+    seconds = args.seconds or (2.0 if quick else 30.0)
+    heavy_modules = args.heavy or (30 if quick else 500)
+    baseline_nodes = args.baseline_nodes or (2 if quick else 100)
+    out: dict[str, Any] = {"nodes": args.nodes, "seed": args.seed, "quick": quick, "machine": machine(),
+                           "command": " ".join(["python -m benchmarks.converge", *sys.argv[1:]])}
+    with EmbeddedServer() as server:
+        url = server.url
+        log("nats-server on", url)
+        limit = put_limit(url, 2000 if quick else 40000)
+        out.update(limit)
+        log(f"kv_put_limit {limit['kv_put_limit']:.0f}/s")
+
+        # The seeds' way against the seat's, on the same mesh.
+        seat, small = cold(url, baseline_nodes, args.seed)
+        seat.stop()
+        log(f"seat on {baseline_nodes} nodes: {small['seconds']:.2f} s, {small['writes']} writes")
+        reset(url)
+        asyncio.run(load(url, generate(baseline_nodes, args.seed)))
+        log(f"the seeds' way on {baseline_nodes} nodes ...")
+        base = seed_design.run(url, max_passes=args.baseline_passes)
+        log(f"the seeds' way: {base.seconds:.1f} s ({base.passes} passes, {base.reads} reads, {base.writes} writes)")
+        reset(url)
+        out["seed_design"] = {"nodes": baseline_nodes, "seat_seconds": small["seconds"],
+                              "seat_writes": small["writes"], **asdict(base)}
+        out["ratio_vs_seed_design"] = base.seconds / small["seconds"]
+
+        # Cold convergence of N nodes.
+        mesh = generate(args.nodes, args.seed)
+        seat, c = cold(url, args.nodes, args.seed)
+        out["cold"] = c
+        out["writes"] = c["writes"]
+        out["seconds"] = c["seconds"]
+        out["writes_per_s"] = c["writes"] / c["seconds"]
+        out["ratio_vs_limit"] = out["writes_per_s"] / out["kv_put_limit"]
+        out["peak_rss_bytes_per_key"] = c["peak_rss_bytes"] / c["keys"]
+        out["rss_delta_bytes_per_key"] = (c["peak_rss_bytes"] - c["rss_before_bytes"]) / c["keys"]
+        log(f"cold: {c['writes']} writes in {c['seconds']:.2f} s = {out['writes_per_s']:.0f}/s "
+            f"(ratio {out['ratio_vs_limit']:.2f}); {out['peak_rss_bytes_per_key']:.0f} B/key")
+
+        # Steady state.
+        mix = {"bound": 2, "have": 1, "want": 1}
+        states = asyncio.run(_states(url))
+        pools = steady.targets(mesh, states, args.seed)
+        owners = {key: k.provider for key, k in mesh.keys.items()}
+        driver = steady.Driver(url, pools, args.seed)
+        result = asyncio.run(driver.run(rate, seconds, mix, owners))
+        out["steady"] = _summary(result, rate, {k: len(v) for k, v in pools.items()})
+        out["latency_p50_ms"] = result.percentile(50)
+        out["latency_p99_ms"] = result.percentile(99)
+        log(f"steady: {result.changes} changes, {len(result.samples)} writes matched, {result.missed} missed; "
+            f"p50 {out['latency_p50_ms']:.1f} ms, p99 {out['latency_p99_ms']:.1f} ms")
+        asyncio.run(steady.restore(url, pools, owners))
+        settled = seat.settle()
+        log(f"settled again in {settled['seconds']:.2f} s")
+
+        # Head-of-line blocking: a heavy node of 500 modules joins, and changes all the time.
+        heavy_mesh = generate(args.nodes, args.seed, heavy=heavy_modules)
+        extra = _difference(heavy_mesh, mesh)
+        asyncio.run(_put(url, extra))
+        settled = seat.settle()
+        log(f"heavy node of {heavy_modules} modules loaded and composed; settled in {settled['seconds']:.2f} s")
+        hv = heavy_mesh.nodes[-1]
+        heavy = steady.Target("have", [m for m in heavy_mesh.placed[hv] if m.startswith("hv-")], node=hv, heavy=True)
+        states = asyncio.run(_states(url))
+        hol: dict[str, Any] = {}
+        for name, parallel in (("parallel", 0), ("serial", 1)):
+            if name == "serial":
+                seat.stop()
+                seat = SeatProcess(url, max_parallel=1)
+                log(f"seat with max_parallel=1 started: {seat.started['seconds']:.2f} s, "
+                    f"{seat.started['writes']} writes")
+            pools = steady.targets(mesh, states, args.seed + 1)
+            driver = steady.Driver(url, pools, args.seed + 1)
+            result = asyncio.run(driver.run(rate, seconds, mix, owners, heavy=heavy, heavy_rate=args.heavy_rate))
+            hol[name] = _summary(result, rate, {k: len(v) for k, v in pools.items()})
+            hol[name]["max_parallel"] = parallel
+            log(f"head-of-line ({name}): {result.changes} changes, {result.heavy_changes} to the heavy node, "
+                f"p99 {result.percentile(99):.1f} ms, {result.missed} missed")
+            asyncio.run(steady.restore(url, pools, owners))
+            seat.settle()
+        seat.stop()
+        out["head_of_line"] = hol
+        out["light_p99_ms"] = hol["parallel"]["p99_ms"]
+        out["ratio_vs_serial_p99"] = hol["serial"]["p99_ms"] / hol["parallel"]["p99_ms"]
+    return out
+
+
+def _summary(result: steady.Load, rate: float, pools: dict[str, int]) -> dict[str, Any]:
+    return {
+        "rate": rate, "seconds": result.seconds, "changes": result.changes, "heavy_changes": result.heavy_changes,
+        "matched": len(result.samples), "missed": result.missed, "targets": pools,
+        "p50_ms": result.percentile(50), "p90_ms": result.percentile(90), "p99_ms": result.percentile(99),
+        "max_ms": max(result.samples, default=float("nan")),
+        "by_kind_p99_ms": {k: steady.Load(samples=v).percentile(99) for k, v in result.by_kind.items()},
+        "samples_ms": [round(x, 3) for x in result.samples],
+    }
+
+
+async def _states(url: str) -> dict[str, Any]:
+    nc = await nats.connect(url)
+    try:
+        return await steady.provision_states(nc)
+    finally:
+        await nc.close()
+
+
+def _difference(bigger: Any, smaller: Any) -> dict[str, dict[str, bytes]]:
+    out: dict[str, dict[str, bytes]] = {}
+    for state, kv in bigger.states.items():
+        old = smaller.states.get(state, {})
+        changed = {k: v for k, v in kv.items() if old.get(k) != v}
+        if changed:
+            out[state] = changed
+    return out
+
+
+async def _put(url: str, states: dict[str, dict[str, bytes]]) -> None:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream(timeout=60)
+        puts = [(f"$KV.{bucket(s)}.{k}", v) for s, kv in states.items() for k, v in kv.items()]
+        await asyncio.gather(*(js.publish(subject, v) for subject, v in puts))
+    finally:
+        await nc.close()
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.converge", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, default=1000)
+    p.add_argument("--json", type=Path, required=True, help="where to write the figures")
+    p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument("--quick", action="store_true", help="small and short: a smoke run, not a measurement")
+    p.add_argument("--rate", type=float, default=0.0, help="changes a second (default 500; quick 100)")
+    p.add_argument("--seconds", type=float, default=0.0, help="seconds of load (default 30; quick 2)")
+    p.add_argument("--heavy", type=int, default=0, help="modules of the heavy node (default 500; quick 30)")
+    p.add_argument("--heavy-rate", type=float, default=50.0, help="changes a second to the heavy node")
+    p.add_argument("--baseline-nodes", type=int, default=0, help="nodes of the seeds' comparison (default 100)")
+    p.add_argument("--baseline-passes", type=int, default=1,
+                   help="passes of the seeds' way (1: its cold pass, as its process makes it; more: up to its "
+                   "fixed point)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    out = run(args)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(out, indent=1) + "\n")
+    keys = ("kv_put_limit", "writes", "seconds", "writes_per_s", "ratio_vs_limit", "ratio_vs_seed_design",
+            "latency_p50_ms", "latency_p99_ms", "light_p99_ms", "ratio_vs_serial_p99", "peak_rss_bytes_per_key")
+    for key in keys:
+        print(f"{key:24} {out[key]:.4g}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

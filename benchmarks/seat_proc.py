@@ -1,0 +1,82 @@
+"""The seat under benchmark, in a process of its own: started, timed to settled, then driven by lines on stdin.
+
+`python -m benchmarks.seat_proc URL [--max-parallel P]` starts `Supervisor.start(Config(nats=URL, ...))`, waits
+for `wait_settled`, and prints one JSON line: the seconds from the start call to settled, the writes the seat made,
+the keys in its cache, and the process's peak RSS so far (`resource.getrusage`). Then each line it reads is a
+command: `settle` (wait until settled again and print the same figures), `stop` (stop the seat, print, exit).
+
+Its own process, so that its memory is its own and the load generator and the watch that times it do not share its
+interpreter lock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import resource
+import sys
+import time
+from typing import Any
+
+from mesh_provisioner.config import Config
+from mesh_provisioner.supervisor import Supervisor
+
+
+def rss_now() -> int:
+    """The process's resident set size now, in bytes (Linux: /proc/self/statm)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def peak_rss() -> int:
+    """The process's peak resident set size so far, in bytes (Linux reports kibibytes)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def figures(sup: Supervisor, seconds: float, settled: bool) -> dict[str, Any]:
+    """What one measurement says."""
+    counts = sup.store.counts()
+    return {
+        "settled": settled,
+        "seconds": seconds,
+        "writes": counts["writes"],
+        "conflicts": counts["conflicts"],
+        "failed_writes": counts["failed writes"],
+        "keys": len(sup.view),
+        "peak_rss_bytes": peak_rss(),
+        "rss_bytes": rss_now(),
+        "compositions": int(sup.metrics.compositions._value.get()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="benchmarks.seat_proc")
+    p.add_argument("url")
+    p.add_argument("--max-parallel", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=1800.0)
+    args = p.parse_args(argv)
+    config = Config(nats=args.url, max_parallel=args.max_parallel, request_timeout=60.0)
+    gc.collect()
+    base = {"rss_before_bytes": rss_now()}
+    start = time.perf_counter()
+    sup = Supervisor.start(config)
+    settled = sup.wait_settled(args.timeout)
+    out = figures(sup, time.perf_counter() - start, settled)
+    print(json.dumps({**base, **out}), flush=True)
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "settle":
+            start = time.perf_counter()
+            settled = sup.wait_settled(args.timeout)
+            print(json.dumps(figures(sup, time.perf_counter() - start, settled)), flush=True)
+        elif command == "stop":
+            break
+    out = figures(sup, 0.0, True)
+    sup.stop()
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
