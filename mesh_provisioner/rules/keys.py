@@ -1,7 +1,7 @@
 """Tokens and keys of the contract (sections 1, 2, 4): building them, and parsing them back.
 
-A token is `[A-Za-z0-9_-]+`; keys join tokens with dots. Every parser here raises BadKey with a sentence that says
-what is wrong, so a bad key is named and never fatal (section 7).
+A token is `[A-Za-z0-9_-]+`, at most MAX_TOKEN (256) characters long; keys join tokens with dots. Every parser here
+raises BadKey with a sentence that says what is wrong, so a bad key is named and never fatal (section 7).
 """
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ from typing import Final
 
 from mesh_provisioner.messages.records import End
 
-_TOKEN: Final = re.compile(r"[A-Za-z0-9_-]+")
+# A longer word is not a token: a key of such words would be longer than a NATS server takes as a subject (its 4 KB
+# control line), and a server sent one closes the connection, which nats-py then never opens again.
+MAX_TOKEN: Final = 256
+_TOKEN: Final = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_TOKEN}}}")
 CREDENTIAL_SUFFIX: Final = "-credential"
 
 
