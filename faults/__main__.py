@@ -1,0 +1,7 @@
+"""`python -m faults`: see faults.runner."""
+
+import sys
+
+from faults.runner import main
+
+sys.exit(main())

@@ -1,0 +1,223 @@
+"""The check every fault scenario ends with (design.md, properties 1, 3, 4 and 5): what was lost, in sentences.
+
+Once both seats are settled:
+
+- **fixed point**: a fresh seat over the disturbed bus composes every node and judges every key again, and writes
+  nothing (contract section 6);
+- **the same as an undisturbed run**: every plan, every needed (non-retiring) provision and every refusal on the
+  disturbed bus is the one an undisturbed seat given the same changes ends with, `at`, `v` and a refusal's `since`
+  aside; a retiring key may be on one bus only, and a key may be needed on one bus only while a retiring key there
+  depends on it (a transient need, kept until the operator answers);
+- **asked once**: the router's stream holds each `Nats-Msg-Id` once, and each ask it holds is the ask its key names;
+- **the seat still answers**: its verb `mesh-provisioner.provisioning`, or `Supervisor.compose`;
+- **no exception escaped**: no ERROR record from the `pykka` or `mesh_provisioner` loggers but the deliberate
+  kills'.
+
+Each check answers a list of problems; an empty list is a check passed. A problem is what was lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats
+
+from faults.bus import Bus, comparable, diff, plans, provisions, refusals, seat_state, short, until
+from mesh_provisioner.actors.base import ActorKilled
+from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.config import Config
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.rules import keys as k
+from mesh_provisioner.supervisor import Supervisor
+
+VERB = "mesh-provisioner.provisioning"
+WATCHED_LOGGERS = ("pykka", "mesh_provisioner")
+
+
+def fixed_point(bus: Bus, config: Config, timeout: float = 60.0) -> list[str]:
+    """A fresh seat over the bus composes every node and judges every key again: what it wrote (nothing, at a
+    fixed point)."""
+    before, seqs = seat_state(bus), bus.last_seqs()
+    fresh = Supervisor.start(config)
+    try:
+        settled = fresh.wait_settled(timeout)
+        counts = fresh.store.counts()
+    finally:
+        fresh.stop()
+    problems = [] if settled else [f"a fresh seat over the bus did not settle within {timeout:g} s"]
+    changed = diff(before, seat_state(bus))
+    if counts["writes"] or changed or bus.last_seqs() != seqs:
+        problems.append(f"not at a fixed point: a fresh seat wrote {counts}: " + "; ".join(changed[:20]))
+    return problems
+
+
+def transient_needs(*sides: dict[str, r.Provision]) -> set[str]:
+    """Every key a retiring key depends on, and what that depends on in turn, on either side."""
+    out: set[str] = set()
+    todo = [dep for ps in sides for p in ps.values() if p.state == r.RETIRING for dep in p.depends_on]
+    while todo:
+        dep = todo.pop()
+        if dep not in out:
+            out.add(dep)
+            todo.extend(d for ps in sides if dep in ps for d in ps[dep].depends_on)
+    return out
+
+
+def same(disturbed: Bus, undisturbed: Bus) -> tuple[str, list[str]]:
+    """The plans, needed provisions and refusals of two buses compared; says how many, and each difference."""
+    problems: list[str] = []
+    la, lb = plans(disturbed), plans(undisturbed)
+    for key in sorted(la.keys() | lb.keys()):
+        if la.get(key) != lb.get(key):
+            problems.append(f"plan {key} differs: {_said(la.get(key))} where the undisturbed run has "
+                            f"{_said(lb.get(key))}")
+    pa, pb = provisions(disturbed), provisions(undisturbed)
+    retiring = {key for ps in (pa, pb) for key, p in ps.items() if p.state == r.RETIRING}
+    transient = transient_needs(pa, pb)
+    alike, allowed = 0, 0
+    for key in sorted((pa.keys() | pb.keys()) - retiring):
+        x, y = (comparable(p) if p is not None else None for p in (pa.get(key), pb.get(key)))
+        if x is not None and x == y:
+            alike += 1
+        elif key in transient:
+            allowed += 1
+        else:
+            problems.append(f"provision {key} differs: {_said(x)} where the undisturbed run has {_said(y)}")
+    ra, rb = refusals(disturbed), refusals(undisturbed)
+    for key in sorted(ra.keys() | rb.keys()):
+        if ra.get(key) != rb.get(key):
+            problems.append(f"refusal {key} differs: {_said(ra.get(key))} where the undisturbed run has "
+                            f"{_said(rb.get(key))}")
+    summary = (f"{len(la)} plans, {alike} needed provisions and {len(ra)} refusals the same; {len(retiring)} "
+               f"retiring, {allowed} different while a retiring key depends on them")
+    return summary, problems
+
+
+def _said(record: Any) -> str:
+    return "nothing" if record is None else short(r.encode(record), 300)
+
+
+def asked_once(bus: Bus) -> tuple[int, list[str]]:
+    """How many asks the router's stream holds, and each one published twice or not the ask its key names."""
+    asks = bus.asks_published()
+    ids = Counter(msg_id for msg_id, _ in asks)
+    problems = [f"the ask {i} was published {n} times" for i, n in sorted(ids.items()) if n > 1]
+    for msg_id, ask in asks:
+        key = ask.about.removeprefix("provision.")
+        if msg_id != ask.id or k.ask_raised_at(msg_id) is None:
+            problems.append(f"the ask {ask.id} went out under the message id {msg_id!r}")
+        elif not msg_id.startswith("retire-" + key.replace(".", "-") + "-"):
+            problems.append(f"the ask {msg_id} is not the ask of the key it is about, {key}")
+    return len(asks), problems
+
+
+def verb_answers(url: str, timeout: float = 20.0) -> list[str]:
+    """The seat's verb answers a request for its plans with entries (contract 9), within `timeout` seconds."""
+
+    async def ask() -> dict[str, Any]:
+        nc = await nats.connect(url.split(","), max_reconnect_attempts=1, connect_timeout=2)
+        try:
+            msg = await nc.request(VERB, b'{"what": "plans"}', timeout=2)
+            answer: dict[str, Any] = json.loads(msg.data)
+            return answer
+        finally:
+            await nc.close()
+
+    last: list[str] = []
+
+    def answered() -> bool:
+        try:
+            reply = loop.run(ask(), 10)
+        except Exception as err:
+            last[:] = [f"{type(err).__name__}: {err}"]
+            return False
+        last[:] = [json.dumps(reply)[:200]]
+        return bool(reply.get("entries"))
+
+    with EventLoopThread("faults-verb") as loop:
+        try:
+            until(answered, timeout, 0.1, "the verb to answer")
+        except TimeoutError:
+            return [f"the seat's verb did not answer with entries within {timeout:g} s (last: {last})"]
+    return []
+
+
+def composes(sup: Supervisor, node: str = "ace", timeout: float = 20.0) -> list[str]:
+    """The seat composes a node when asked (`Supervisor.compose`), within `timeout` seconds."""
+    try:
+        composed = sup.compose(node).get(timeout=timeout)
+    except Exception as err:
+        return [f"the seat did not compose {node} when asked: {type(err).__name__}: {err}"]
+    if composed.node != node:
+        return [f"the seat answered a composition of {composed.node} when asked for {node}"]
+    return []
+
+
+class ErrorLog(logging.Handler):
+    """Counts ERROR records of the seat's loggers (pykka's, mesh_provisioner's): each one not a deliberate kill is
+    an exception that escaped unhandled, or an error the seat could not keep to itself."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.unhandled: list[str] = []
+        self.kills = 0
+        self._lock = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Keep one record: a deliberate kill is counted apart."""
+        exc = record.exc_info[1] if record.exc_info else None
+        with self._lock:
+            if isinstance(exc, ActorKilled):
+                self.kills += 1
+            else:
+                what = f"{record.name}: {record.getMessage()}"
+                if exc is not None:
+                    what += f" ({type(exc).__name__}: {exc})"
+                self.unhandled.append(what[:500])
+
+    def problems(self) -> list[str]:
+        """Each unhandled error, as a problem."""
+        with self._lock:
+            return [f"an error escaped: {what}" for what in self.unhandled]
+
+
+@contextmanager
+def watching_errors() -> Iterator[ErrorLog]:
+    """An ErrorLog on the seat's loggers while the block runs."""
+    handler = ErrorLog()
+    loggers = [logging.getLogger(name) for name in WATCHED_LOGGERS]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+
+
+def process_errors(log_path: Path) -> list[str]:
+    """The ERROR records of a seat process that logged JSON (`--log-format json`), but deliberate kills."""
+    problems = []
+    try:
+        text = log_path.read_text(errors="replace")
+    except FileNotFoundError:
+        return []
+    for line in text.splitlines():
+        try:
+            record = msgspec.json.decode(line)
+        except msgspec.DecodeError:
+            continue
+        if not isinstance(record, dict) or record.get("level") not in ("ERROR", "CRITICAL"):
+            continue
+        name = str(record.get("logger", ""))
+        if name.partition(".")[0] in WATCHED_LOGGERS and "ActorKilled" not in str(record.get("exception", "")):
+            problems.append(f"an error escaped in {log_path.name}: {name}: {str(record.get('message'))[:300]}")
+    return problems

@@ -1,0 +1,142 @@
+"""The fault runner's command line: run scenarios, keep their figures as JSON, and write the markdown from the JSON.
+
+    python -m faults --scenario NAME|all --seed S [--count N] [--seconds T] [--runs R] [--json FILE] [--markdown FILE]
+
+Each scenario runs `--runs` times, run i with seed S+i, each in a fresh temporary directory with servers of its own
+on 127.0.0.1. Every loop of a run is bounded in count and in time, and the runner stops by itself; it exits 0 when
+no run lost anything, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from faults.report import render
+from faults.scenarios import SCENARIOS
+from faults.twin import Params, Run
+from mesh_provisioner.bus.embedded import server_binary
+
+log = logging.getLogger("faults")
+
+
+def parser() -> argparse.ArgumentParser:
+    """The runner's options."""
+    p = argparse.ArgumentParser(prog="python -m faults", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scenario", default="all", help=f"one of {', '.join(SCENARIOS)}, or all (comma-separated list)")
+    p.add_argument("--seed", type=int, default=20261203, help="the first run's seed; run i has seed+i")
+    p.add_argument("--count", type=int, default=None,
+                   help="changes per run (bad input: bad values through the live seat; storm: its entries; "
+                        "warrants: forged and replayed answers); default: each scenario's own")
+    p.add_argument("--seconds", type=float, default=60.0, help="the bound of each run's stream of changes and faults")
+    p.add_argument("--runs", type=int, default=3, help="runs of each scenario (median and worst are over them)")
+    p.add_argument("--faults", type=int, default=None,
+                   help="faults per run where a scenario counts them (restarts, pauses, kills of the process)")
+    p.add_argument("--rate", type=float, default=40.0, help="actor kills per second (kills)")
+    p.add_argument("--inputs", type=int, default=100_000, help="bad values through the pure rules (bad-input)")
+    p.add_argument("--json", type=Path, default=None, help="write the figures as JSON here")
+    p.add_argument("--markdown", type=Path, default=None, help="write the figures as markdown here (from the JSON)")
+    p.add_argument("--log", type=Path, default=None, help="the seat's warnings and errors go to this file")
+    return p
+
+
+def run_scenario(name: str, params: Params) -> Run:
+    """One run of one scenario; a run that raised is a run that lost what it could not check."""
+    started = time.monotonic()
+    try:
+        out: Run = SCENARIOS[name].run(params)
+    except Exception as err:
+        log.exception("%s (seed %d) failed", name, params.seed)
+        out = Run(name, params.seed, lost=[f"the run could not finish: {type(err).__name__}: {err}"])
+    out.seconds = time.monotonic() - started
+    return out
+
+
+def run_all(names: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """Every run of every scenario named; answers the figures as the JSON keeps them."""
+    results: dict[str, Any] = {}
+    for name in names:
+        module = SCENARIOS[name]
+        runs = []
+        for i in range(args.runs):
+            seed = args.seed + i
+            with tempfile.TemporaryDirectory(prefix=f"faults-{name}-") as work:
+                params = Params(seed=seed, work=Path(work), changes=args.count, seconds=args.seconds,
+                                faults=args.faults, rate=args.rate, inputs=args.inputs)
+                log.info("%s: run %d of %d, seed %d", name, i + 1, args.runs, seed)
+                out = run_scenario(name, params)
+            settle = "-" if out.settle_seconds is None else f"{out.settle_seconds:.2f} s"
+            log.info("%s seed %d: %d faults, %d changes, settled %s after the last, %d lost, %d errors, in %.1f s%s",
+                     name, seed, out.faults, out.changes, settle, len(out.lost), len(out.errors), out.seconds,
+                     "".join(f"\n  lost: {what}" for what in out.lost[:20])
+                     + "".join(f"\n  error: {what}" for what in out.errors[:10]))
+            runs.append(out.as_json())
+        results[name] = {"faults": module.FAULTS, "runs": runs}
+    return results
+
+
+def nats_version() -> str:
+    """The nats-server's version, as it says it."""
+    try:
+        return subprocess.run([server_binary(), "--version"], capture_output=True, text=True, timeout=10,
+                              check=False).stdout.strip()
+    except Exception as err:
+        return f"unknown ({err})"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the scenarios asked for; 0 when nothing was lost."""
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    log.setLevel(logging.INFO)
+    seat_logs = logging.getLogger("mesh_provisioner")
+    seat_logs.propagate = False
+    if args.log is not None:
+        handler = logging.FileHandler(args.log)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setLevel(logging.WARNING)
+        seat_logs.addHandler(handler)
+        logging.getLogger("pykka").addHandler(handler)
+    logging.getLogger("pykka").propagate = False
+    names = list(SCENARIOS) if args.scenario == "all" else [n.strip() for n in args.scenario.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        log.error("no scenario is named %s; the scenarios are %s", ", ".join(unknown), ", ".join(SCENARIOS))
+        return 2
+    started = datetime.now(UTC)
+    results = run_all(names, args)
+    data = {
+        "command": "python -m faults " + shlex.join(sys.argv[1:] if argv is None else list(argv)),
+        "seed": args.seed,
+        "runs": args.runs,
+        "seconds": args.seconds,
+        "count": args.count,
+        "inputs": args.inputs,
+        "rate": args.rate,
+        "started": started.isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "took_seconds": round((datetime.now(UTC) - started).total_seconds(), 1),
+        "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}, {nats_version()}",
+        "scenarios": results,
+    }
+    if args.json is not None:
+        args.json.write_text(json.dumps(data, indent=1) + "\n")
+    if args.markdown is not None:
+        args.markdown.write_text(render(data))
+    lost = sum(len(run["lost"]) for s in results.values() for run in s["runs"])
+    errors = sum(len(run["errors"]) for s in results.values() for run in s["runs"])
+    log.info("%d scenario(s), %d run(s): %d thing(s) lost, %d error(s) escaped", len(results),
+             sum(len(s["runs"]) for s in results.values()), lost, errors)
+    return 0 if not lost and not errors else 1

@@ -1,0 +1,83 @@
+"""Bad input in every bucket the seat reads (contract section 7, design.md property 5), hypothesis-generated.
+
+Two shares of the same generator (`faults.badinput`):
+
+- the pure rules take `--inputs` of them (100,000 by default): each put in a MemoryView of the sample mesh settled,
+  what it wakes composed, judged and decided, every write checked, and now and then the whole view settled;
+- the live seat takes `--count` of them (400 by default), written into the disturbed bus's read buckets while the
+  stream of good changes goes on (on a server that takes values of 8 MB, so megabyte strings reach the seat); then
+  every key that got a bad value is given back its good value (or deleted), and the seat must end where the
+  undisturbed seat, which saw the good changes only, ends. Halfway, the seat must still compose when asked.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from faults import check
+from faults.badinput import READ_STATES, draw_inputs, pure_run
+from faults.bus import raw
+from faults.mesh import ROUTER, extra_states, final_changes, random_changes
+from faults.twin import Params, Run, Twin, finish
+from mesh_provisioner.samples import sample_mesh
+
+NAME = "bad-input"
+FAULTS = "bad values in every read bucket (hypothesis-generated)"
+CHANGES = 400
+GOOD = 60
+MAX_PAYLOAD = 8 << 20
+
+
+def run(p: Params) -> Run:
+    """One run: the pure share, then the live share during a stream of good changes; every check."""
+    out = Run(NAME, p.seed)
+    pure = pure_run(p.inputs, p.seed)
+    out.figures.update(pure_inputs=pure.inputs, pure_settles=pure.settles, pure_seconds=round(pure.seconds, 1))
+    out.lost += [f"the pure rules: {problem}" for problem in pure.problems]
+    bad = draw_inputs(p.count(CHANGES), p.seed, live=True)
+    good_changes = random_changes(random.Random(p.seed), GOOD)
+    good: dict[tuple[str, str], bytes | None] = {}
+    for states in (sample_mesh(), extra_states()):
+        good.update({(state, key): value for state, values in states.items() for key, value in values.items()})
+    touched: set[tuple[str, str]] = set()
+    with check.watching_errors() as errors, Twin(p.work, max_payload=MAX_PAYLOAD) as twin:
+        for bus in (twin.disturbed, twin.reference):
+            for state in READ_STATES:  # as the modules owning them would have made them
+                bus.create_bucket(state)
+        sup = twin.start_disturbed()
+        every = max(1, len(bad) // max(1, len(good_changes)))
+        started = time.monotonic()
+        g = 0
+        for i, (state, key, value) in enumerate(bad):
+            if time.monotonic() - started > p.seconds:
+                break
+            twin.disturbed.put(state, key, value, validate=False)
+            touched.add((state, key))
+            out.fault()
+            if i % every == 0 and g < len(good_changes):
+                change = good_changes[g]
+                g += 1
+                twin.write(change, out)
+                if change[0] != ROUTER:
+                    good[(change[0], change[1])] = None if change[2] is None else raw(change[2])
+            if i == len(bad) // 2:
+                out.lost += [f"halfway through the bad input: {what}" for what in check.composes(sup)]
+        for change in good_changes[g:]:
+            twin.write(change, out)
+            if change[0] != ROUTER:
+                good[(change[0], change[1])] = None if change[2] is None else raw(change[2])
+        # Every key that got a bad value is given back its good value: the seat must end where the other ends.
+        for state, key in sorted(touched):
+            value = good.get((state, key))
+            if value is None:
+                twin.disturbed.delete(state, key, validate=False)
+            else:
+                twin.disturbed.put(state, key, value, validate=False)
+        out.changed()
+        for change in final_changes(good_changes):
+            twin.write(change, out)
+        finish(out, twin, settled=sup.wait_settled, answers=lambda: check.composes(sup), errors=errors)
+        out.figures.update(live_inputs=out.faults, keys_touched=len(touched),
+                           failed_writes=sup.store.counts()["failed writes"])
+    return out

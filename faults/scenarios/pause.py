@@ -1,0 +1,110 @@
+"""The NATS server paused (SIGSTOP, then SIGCONT) for longer than the seat's lease (contract 8, design.md property 3).
+
+The disturbed seat is a `mesh_provisioner.seat.Seat` serving as `serve` does, holding a short lease (2 s). While the
+stream of changes goes on, its server is frozen for one and a half lease times: the holder cannot renew, so it must
+stop writing at once (its connection is spied on: no write of its states may go out while it does not hold the
+lease) and go back to waiting; once the server runs again the lease has aged out, the seat takes it again, starts
+its actors anew and resynchronises from the bus. Changes written during the pause reach the server when it runs
+again.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+from faults import check
+from faults.bus import until
+from faults.mesh import final_changes, random_changes
+from faults.spies import CasSpy
+from faults.twin import Params, Run, Twin, finish
+from mesh_provisioner.seat import Seat
+from mesh_provisioner.supervisor import Supervisor
+
+NAME = "pause"
+FAULTS = "server pauses (SIGSTOP for 1.5 lease times, then SIGCONT) under a lease-holding seat"
+CHANGES = 60
+PAUSES = 2
+LEASE = 2.0
+
+
+def run(p: Params) -> Run:
+    """One run: the stream with the server paused `p.faults` (2) times, then the final mesh; every check."""
+    out = Run(NAME, p.seed)
+    changes = random_changes(random.Random(p.seed), p.count(CHANGES))
+    pauses = p.faults if p.faults is not None else PAUSES
+    at = {(i + 1) * len(changes) // (pauses + 1) for i in range(pauses)}
+    holds: list[tuple[float, Supervisor | None]] = []
+    resumed: list[float] = []
+    with check.watching_errors() as errors, Twin(p.work) as twin:
+        assert twin.server is not None
+        server = twin.server
+        config = twin.disturbed_config(lease_seconds=LEASE)
+        seat = Seat(config, on_hold=lambda sup: holds.append((time.monotonic(), sup)))
+        cas = CasSpy(held=lambda: seat.lease.held)
+        cas.wrap(seat.nc)
+        stop = threading.Event()
+        serving = threading.Thread(target=seat.serve, args=(stop,), name="faults-seat", daemon=True)
+        serving.start()
+        pauser: threading.Thread | None = None
+
+        def held() -> int:
+            return sum(1 for _, sup in holds if sup is not None)
+
+        def pause() -> None:
+            server.pause()
+            try:
+                stop.wait(LEASE * 1.5)  # the fault itself: frozen for longer than the lease
+            finally:
+                server.resume()
+                resumed.append(time.monotonic())
+                out.fault()
+
+        try:
+            until(lambda: (s := seat.supervisor) is not None and s.wait_settled(5), 60, 0.05, "the seat to hold")
+            started = time.monotonic()
+            for i, change in enumerate(changes):
+                if time.monotonic() - started > p.seconds:
+                    break
+                if i in at:
+                    if pauser is not None:
+                        pauser.join(30)
+                        until(lambda: held() > out.faults and seat.lease.held, 60, 0.02,
+                              "the seat to hold the lease again")
+                    pauser = threading.Thread(target=pause, name="faults-pause", daemon=True)
+                    pauser.start()
+                twin.write(change, out)
+            if pauser is not None:
+                pauser.join(30)
+            for change in final_changes(changes):
+                twin.write(change, out)
+
+            def settled(timeout: float) -> bool:
+                deadline = time.monotonic() + timeout
+                try:
+                    until(lambda: seat.supervisor is not None and seat.lease.held, timeout, 0.02, "the lease")
+                except TimeoutError:
+                    return False
+                sup = seat.supervisor
+                return sup is not None and sup.wait_settled(max(deadline - time.monotonic(), 1))
+
+            def stepped_down() -> list[str]:
+                problems = []
+                if held() != out.faults + 1:
+                    problems.append(f"the seat held the lease {held()} times over {out.faults} pauses longer than "
+                                    f"the lease (it must give it up at each and take it again)")
+                return problems + cas.problems()
+
+            finish(out, twin, settled=settled, answers=lambda: check.verb_answers(twin.disturbed.url),
+                   errors=errors, more=stepped_down)
+            retakes = [next((t for t, s in holds if s is not None and t > r), r) - r for r in resumed]
+            out.figures.update(holds=held(), lease_seconds=LEASE, pause_seconds=LEASE * 1.5,
+                               retake_after_resume_seconds=[round(x, 2) for x in retakes],
+                               compare_and_sets=cas.writes)
+        finally:
+            stop.set()
+            if pauser is not None:
+                pauser.join(30)
+            serving.join(60)
+    return out

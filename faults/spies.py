@@ -1,0 +1,132 @@
+"""Spies on a seat: every write it sends to its own buckets, and every composition of a node.
+
+- `CasSpy` wraps a seat's connection: every request to one of the seat's own buckets is counted, and one that
+  carries no expected revision (a blind put) or goes out as a plain publish is named. With `held`, it also names
+  each write sent while the process does not hold the seat's lease (contract 8: a holder that cannot renew stops
+  writing at once).
+- `ComposeSpy` stands in for the node actors' `compose_node` and counts compositions of one node at once.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from nats.aio.client import Client
+
+from mesh_provisioner import supervisor as supervisor_module
+from mesh_provisioner.actors import node as node_actor
+from mesh_provisioner.config import Config
+
+_IN_REQUEST: contextvars.ContextVar[bool] = contextvars.ContextVar("in_request", default=False)
+
+
+class CasSpy:
+    """Every write a seat's connection sends to one of the seat's own buckets, and those with no expected revision.
+
+    A write goes out as a request (nats-py's key-value calls) or as a publish with a reply subject (a batch's); one
+    without `Nats-Expected-Last-Subject-Sequence` is blind. The lease's own bucket (`_seat`) is the lease's business.
+    """
+
+    PREFIX = "$KV.mesh-provisioner_"
+    LEASE = "$KV.mesh-provisioner_seat."
+
+    def __init__(self, held: Callable[[], bool] | None = None) -> None:
+        self.writes = 0
+        self.blind: list[str] = []
+        self.unheld: list[str] = []
+        self.held = held
+
+    def wrap(self, nc: Client) -> Client:
+        """Spy on a connection from now on; answers it."""
+        request, publish = nc.request, nc.publish
+
+        def seen(subject: str, headers: Any) -> None:
+            if subject.startswith(self.PREFIX) and not subject.startswith(self.LEASE):
+                self.writes += 1
+                if "Nats-Expected-Last-Subject-Sequence" not in (headers or {}):
+                    self.blind.append(f"{subject} {headers}")
+                if self.held is not None and not self.held():
+                    self.unheld.append(f"{time.monotonic():.3f} {subject}")
+
+        async def spied_request(subject: str, payload: bytes = b"", *args: Any, **kwargs: Any) -> Any:
+            seen(subject, kwargs.get("headers") or (args[3] if len(args) > 3 else None))
+            token = _IN_REQUEST.set(True)
+            try:
+                return await request(subject, payload, *args, **kwargs)
+            finally:
+                _IN_REQUEST.reset(token)
+
+        async def spied_publish(subject: str, payload: bytes = b"", *args: Any, **kwargs: Any) -> None:
+            # A publish of a request was seen as the request; any other is a write of its own (a batch's).
+            if not _IN_REQUEST.get():
+                seen(subject, kwargs.get("headers") or (args[1] if len(args) > 1 else None))
+            await publish(subject, payload, *args, **kwargs)
+
+        nc.request = spied_request  # type: ignore[method-assign]
+        nc.publish = spied_publish  # type: ignore[method-assign]
+        return nc
+
+    def problems(self) -> list[str]:
+        """Each write that was not a compare-and-set, or was sent without the lease."""
+        out = [f"a write was not a compare-and-set: {b}" for b in self.blind[:10]]
+        out += [f"a write was sent while the process did not hold the seat's lease: {u}" for u in self.unheld[:10]]
+        return out
+
+
+@contextmanager
+def spied_supervisors(spy: CasSpy) -> Iterator[CasSpy]:
+    """Every supervisor started in the block on a connection of its own has that connection spied on."""
+    real = supervisor_module.connect_config
+
+    async def connect_spied(config: Config) -> Client:
+        return spy.wrap(await real(config))
+
+    supervisor_module.connect_config = connect_spied  # type: ignore[assignment]
+    try:
+        yield spy
+    finally:
+        supervisor_module.connect_config = real
+
+
+class ComposeSpy:
+    """Counts concurrent compositions of each node of each seat (a seat's nodes are told apart by its view)."""
+
+    def __init__(self, real: Callable[..., Any]) -> None:
+        self.real = real
+        self.lock = threading.Lock()
+        self.running: Counter[tuple[int, str]] = Counter()
+        self.most = 0
+        self.count = 0
+
+    def __call__(self, view: Any, node: str, now: Any) -> Any:
+        who = (id(view), node)
+        with self.lock:
+            self.running[who] += 1
+            self.count += 1
+            self.most = max(self.most, self.running[who])
+        try:
+            return self.real(view, node, now)
+        finally:
+            with self.lock:
+                self.running[who] -= 1
+
+    def problems(self) -> list[str]:
+        """A node composed twice at once, named."""
+        return [f"a node was composed {self.most} times at once"] if self.most > 1 else []
+
+
+@contextmanager
+def spied_compositions() -> Iterator[ComposeSpy]:
+    """Every node actor's compositions counted while the block runs."""
+    spy = ComposeSpy(node_actor.compose_node)
+    node_actor.compose_node = spy
+    try:
+        yield spy
+    finally:
+        node_actor.compose_node = spy.real

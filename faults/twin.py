@@ -1,0 +1,207 @@
+"""One run of a scenario: its parameters, what it found, and the two buses it compares (disturbed and undisturbed).
+
+Two buses get the same sample mesh and, change by change, the same changes (written to both by another module's
+connection). A seat serves each: the disturbed one suffers the scenario's faults, the reference is left alone. The
+run ends with `finish`: both settled, then every check of `faults.check`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from faults import check
+from faults.bus import Bus, seat_config
+from faults.mesh import Change, prepare, write
+from faults.servers import server
+from mesh_provisioner.bus.embedded import EmbeddedServer
+from mesh_provisioner.config import Config
+from mesh_provisioner.supervisor import Supervisor
+
+log = logging.getLogger("faults")
+
+SETTLE_SECONDS = 90.0
+
+
+@dataclass
+class Params:
+    """What one run of a scenario does; None takes the scenario's own default."""
+
+    seed: int
+    work: Path
+    changes: int | None = None
+    """Changes of the other modules' states per run (`--count`): for bad input, the bad values through the live seat;
+    for the storm, its bound entries; for warrants, the forged and replayed answers."""
+    seconds: float = 60.0
+    """The bound of a run's disturbance (`--seconds`): its stream of changes and faults ends by then."""
+    faults: int | None = None
+    """Faults per run where a scenario counts them (server restarts, pauses, processes killed)."""
+    rate: float = 40.0
+    """Actor kills per second, for the kills scenario."""
+    inputs: int = 100_000
+    """Bad values through the pure rules, for the bad-input scenario."""
+
+    def count(self, default: int) -> int:
+        """The changes of this run: the one asked for, else the scenario's default."""
+        return self.changes if self.changes is not None else default
+
+
+@dataclass
+class Run:
+    """What one run did and found."""
+
+    scenario: str
+    seed: int
+    faults: int = 0
+    changes: int = 0
+    settle_seconds: float | None = None
+    lost: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+    summary: str = ""
+    seconds: float = 0.0
+    last_fault: float = 0.0
+    last_change: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """Nothing was lost, and no exception escaped."""
+        return not self.lost and not self.errors
+
+    def fault(self) -> None:
+        """One fault injected now."""
+        self.faults += 1
+        self.last_fault = time.monotonic()
+
+    def changed(self, n: int = 1) -> None:
+        """n changes made now."""
+        self.changes += n
+        self.last_change = time.monotonic()
+
+    def as_json(self) -> dict[str, Any]:
+        """The run as the runner's JSON keeps it."""
+        return {
+            "scenario": self.scenario,
+            "seed": self.seed,
+            "faults": self.faults,
+            "changes": self.changes,
+            "settle_seconds": None if self.settle_seconds is None else round(self.settle_seconds, 3),
+            "lost": self.lost,
+            "errors": self.errors,
+            "figures": self.figures,
+            "summary": self.summary,
+            "seconds": round(self.seconds, 2),
+        }
+
+
+class Twin:
+    """The disturbed bus and the undisturbed one, each with the mesh loaded, and the reference seat on the latter.
+
+    `disturbed_url` is a bus the scenario made itself (a cluster); else a server is started here. The disturbed
+    seat is the scenario's to start (`start_disturbed` for an in-process supervisor).
+    """
+
+    def __init__(
+        self,
+        work: Path,
+        *,
+        disturbed_url: str = "",
+        replicas: int = 1,
+        max_payload: int = 0,
+        **config: Any,
+    ) -> None:
+        self.config = config
+        self.replicas = replicas
+        self.server: EmbeddedServer | None = None
+        self.reference_server = server(work / "reference").start()
+        if not disturbed_url:
+            self.server = server(work / "disturbed", max_payload=max_payload).start()
+            disturbed_url = self.server.url
+        self.disturbed = Bus(disturbed_url)
+        self.reference = Bus(self.reference_server.url)
+        prepare(self.disturbed, replicas=replicas)
+        prepare(self.reference)
+        self.reference_seat = Supervisor.start(seat_config(self.reference.url, **config))
+        self.sup: Supervisor | None = None
+        if not self.reference_seat.wait_settled(SETTLE_SECONDS):
+            raise RuntimeError("the undisturbed seat did not settle on the sample mesh")
+
+    def disturbed_config(self, **more: Any) -> Config:
+        """The disturbed seat's config."""
+        return seat_config(self.disturbed.url, **{"replicas": self.replicas, **self.config, **more})
+
+    def start_disturbed(self, **more: Any) -> Supervisor:
+        """An in-process seat on the disturbed bus, settled on the sample mesh."""
+        self.sup = Supervisor.start(self.disturbed_config(**more))
+        if not self.sup.wait_settled(SETTLE_SECONDS):
+            raise RuntimeError(f"the disturbed seat did not settle on the sample mesh: {self.sup.status()}")
+        return self.sup
+
+    def write(self, change: Change, run: Run | None = None, *, reference: bool = True) -> None:
+        """Make one change on both buses (or on the disturbed one alone)."""
+        write(self.disturbed, change)
+        if reference:
+            write(self.reference, change)
+        if run is not None:
+            run.changed()
+
+    def close(self) -> None:
+        """Stop both seats, both connections and the servers this started."""
+        for stop in (
+            self.sup.stop if self.sup is not None else None,
+            self.reference_seat.stop,
+            self.disturbed.close,
+            self.reference.close,
+            self.server.stop if self.server is not None else None,
+            self.reference_server.stop,
+        ):
+            if stop is None:
+                continue
+            try:
+                stop()
+            except Exception as err:
+                log.warning("closing a run: %s", err)
+
+    def __enter__(self) -> Twin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def finish(
+    run: Run,
+    twin: Twin,
+    *,
+    settled: Callable[[float], bool],
+    answers: Callable[[], list[str]],
+    errors: check.ErrorLog | None = None,
+    more: Callable[[], list[str]] | None = None,
+    config: Config | None = None,
+) -> None:
+    """The end of every scenario: the disturbed seat settled (timed from the last fault or change), the reference
+    settled, then every check of `faults.check`; each problem goes into `run.lost`."""
+    since = max(run.last_fault, run.last_change) or time.monotonic()
+    if settled(SETTLE_SECONDS):
+        run.settle_seconds = time.monotonic() - since
+    else:
+        run.lost.append(f"the disturbed seat did not settle within {SETTLE_SECONDS:g} s of the last fault")
+    if not twin.reference_seat.wait_settled(SETTLE_SECONDS):
+        run.lost.append("the undisturbed seat did not settle")
+    run.lost += answers()
+    run.lost += check.fixed_point(twin.disturbed, config or twin.disturbed_config(), SETTLE_SECONDS)
+    summary, differences = check.same(twin.disturbed, twin.reference)
+    run.lost += differences
+    asks, twice = check.asked_once(twin.disturbed)
+    run.lost += twice
+    run.figures["asks"] = asks
+    if more is not None:
+        run.lost += more()
+    if errors is not None:
+        run.errors += errors.problems()
+        run.figures["deliberate kills logged"] = errors.kills
+    run.summary = summary
