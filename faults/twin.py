@@ -135,8 +135,20 @@ class Twin:
         return seat_config(self.disturbed.url, **{"replicas": self.replicas, **self.config, **more})
 
     def start_disturbed(self, **more: Any) -> Supervisor:
-        """An in-process seat on the disturbed bus, settled on the sample mesh."""
-        self.sup = Supervisor.start(self.disturbed_config(**more))
+        """An in-process seat on the disturbed bus, settled on the sample mesh.
+
+        A start that times out (a loaded cluster creating the seat's replicated buckets) is tried again, as a process
+        manager starts a seat process again: what it created stays.
+        """
+        for attempt in range(3):
+            try:
+                self.sup = Supervisor.start(self.disturbed_config(**more))
+                break
+            except TimeoutError as err:
+                log.warning("the disturbed seat did not start (%s); starting it again", err)
+                if attempt == 2:
+                    raise
+        assert self.sup is not None
         if not self.sup.wait_settled(SETTLE_SECONDS):
             raise RuntimeError(f"the disturbed seat did not settle on the sample mesh: {self.sup.status()}")
         return self.sup

@@ -8,11 +8,13 @@ production limit (10 in 60 s) by design, and the point is what the restarted act
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
 
 from faults import check
+from faults.bus import until
 from faults.mesh import final_changes, random_changes
 from faults.spies import CasSpy, spied_compositions, spied_supervisors
 from faults.twin import Params, Run, Twin, finish
@@ -40,7 +42,8 @@ def kill_one(sup: Supervisor, rng: random.Random) -> bool:
 
 
 def run(p: Params) -> Run:
-    """One run: the stream with kills at `p.rate` a second, then the final mesh; every check."""
+    """One run: the stream with kills at `p.rate` a second (at least `p.faults` of them when given), then the
+    final mesh; every check."""
     out = Run(NAME, p.seed)
     rng = random.Random(p.seed)
     changes = random_changes(rng, p.count(CHANGES))
@@ -66,6 +69,10 @@ def run(p: Params) -> Run:
                 if time.monotonic() - started > p.seconds:
                     break
                 twin.write(change, out)
+            if p.faults:  # at least this many kills before the final mesh, within the run's bound
+                left = max(p.seconds - (time.monotonic() - started), 0.1)
+                with contextlib.suppress(TimeoutError):
+                    until(lambda: out.faults >= (p.faults or 0), left, 0.01, "the kills asked for")
             for change in final_changes(changes):
                 twin.write(change, out)
         finally:
