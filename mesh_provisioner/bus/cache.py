@@ -305,14 +305,23 @@ class Cache:
         """Read the bucket's current values through a new watch and reconcile memory with them.
 
         `last` is the stream's last revision and `messages` its count of messages from just before the watch
-        started: everything up to `last` is in the values the watch delivers first. nats-py's marker (None) that
-        says they have all come may come before them (it races the consumer's first deliveries), so it ends the
-        load only of a bucket that held nothing; else the load ends at the value with nothing pending after it,
-        or at one of revision `last` or later. Values ignored as loaded would be lost: the floor drops them.
+        started: everything up to `last` is in the values the watch delivers first, in order, and the last of them
+        is of revision `last` or later (the key written last holds it, or a newer value). The load ends there.
+        nats-py's marker (None) that says they have all come may come before them (it races the consumer's first
+        deliveries), and a consumer on a cluster's server that is catching up says nothing is pending before it has
+        them: neither ends the load, but of a bucket that held nothing. Values ignored as loaded would be lost for
+        good: the floor drops them. Should nothing come for `load_timeout` s after a value with nothing pending
+        (the stream's last message removed by hand), what came is taken as the bucket.
         """
         snapshot: dict[str, KeyValue.Entry] = {}
+        quiet = False
         while True:
-            update = await watcher.updates(timeout=self._load_timeout)  # type: ignore[no-untyped-call]
+            try:
+                update = await watcher.updates(timeout=self._load_timeout)  # type: ignore[no-untyped-call]
+            except nats.errors.TimeoutError:
+                if quiet:
+                    break
+                raise
             if update is None:
                 if not messages:
                     break  # an empty bucket: the watch's marker is all there is
@@ -320,8 +329,9 @@ class Cache:
             if isinstance(update, StopIterSentinel):
                 raise RuntimeError(f"the watch of {bucket(state)} was stopped while loading")
             snapshot[update.key] = update
-            if not update.delta or (update.revision or 0) >= last:
+            if (update.revision or 0) >= last:
                 break
+            quiet = not update.delta
         self._latest[state] = max([last, *(e.revision or 0 for e in snapshot.values())])
         self._reconcile(state, {k: _content(e) for k, e in snapshot.items()}, last)
         self._done_loading(state)
