@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from faults.bus import Bus, load_sample, raw
+from faults.bus import Bus, raw
 from mesh_provisioner.rules.view import (
     ASK_RECORDS,
     BUILDS,
@@ -194,6 +194,16 @@ def write(bus: Bus, change: Change) -> None:
 
 
 def prepare(bus: Bus, *, replicas: int = 1) -> None:
-    """The sample mesh and the stream's extra states on a bus, and the router's stream of asks and its records."""
-    load_sample(bus.url, extra=extra_states(), replicas=replicas)
+    """The sample mesh and the stream's extra states on a bus, and the router's stream of asks and its records.
+
+    Written through the bus's connection, so that a put a new cluster cannot take yet (its streams electing their
+    leaders) is made again until it is.
+    """
+    states = sample_mesh()
+    for state, values in extra_states().items():
+        states.setdefault(state, {}).update(values)
+    for state, values in states.items():
+        bus.create_bucket(state, replicas=replicas)
+        for key, value in values.items():
+            bus.put(state, key, value)
     bus.create_asks_stream(replicas=replicas)

@@ -48,7 +48,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--inputs", type=int, default=100_000, help="bad values through the pure rules (bad-input)")
     p.add_argument("--json", type=Path, default=None, help="write the figures as JSON here")
     p.add_argument("--markdown", type=Path, default=None, help="write the figures as markdown here (from the JSON)")
-    p.add_argument("--log", type=Path, default=None, help="the seat's warnings and errors go to this file")
+    p.add_argument("--log", type=Path, default=None, help="the seat's log records go to this file")
+    p.add_argument("--log-level", default="WARNING", help="the least level of the records in --log")
     return p
 
 
@@ -107,7 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.log is not None:
         handler = logging.FileHandler(args.log)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        handler.setLevel(logging.WARNING)
+        handler.setLevel(args.log_level.upper())
+        seat_logs.setLevel(min(seat_logs.getEffectiveLevel(), handler.level))
         seat_logs.addHandler(handler)
         logging.getLogger("pykka").addHandler(handler)
     logging.getLogger("pykka").propagate = False
