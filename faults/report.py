@@ -71,7 +71,8 @@ def render(data: dict[str, Any]) -> str:
         "One scenario, smaller: `python -m faults --scenario storm --seed 7 --runs 1 --count 500`. The options:",
         "`--count` changes per run (bad input: bad values through the live seat; storm: its entries; warrants: "
         "forged and replayed answers), `--seconds` the bound of each run's stream, `--faults` faults per run where "
-        "a scenario counts them, `--rate` kills per second, `--inputs` bad values through the pure rules. CI runs a "
+        "a scenario counts them, `--rate` kills per second, `--inputs` bad values through the pure rules (shared "
+        "among the runs). CI runs a "
         "bounded version of every scenario (`tests/faults/`).",
         "",
         "## Each run",

@@ -45,7 +45,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--faults", type=int, default=None,
                    help="faults per run where a scenario counts them (restarts, pauses, kills of the process)")
     p.add_argument("--rate", type=float, default=40.0, help="actor kills per second (kills)")
-    p.add_argument("--inputs", type=int, default=100_000, help="bad values through the pure rules (bad-input)")
+    p.add_argument("--inputs", type=int, default=100_000,
+                   help="bad values through the pure rules (bad-input), shared among its runs")
     p.add_argument("--json", type=Path, default=None, help="write the figures as JSON here")
     p.add_argument("--markdown", type=Path, default=None, help="write the figures as markdown here (from the JSON)")
     p.add_argument("--log", type=Path, default=None, help="the seat's log records go to this file")
@@ -75,7 +76,7 @@ def run_all(names: list[str], args: argparse.Namespace) -> dict[str, Any]:
             seed = args.seed + i
             with tempfile.TemporaryDirectory(prefix=f"faults-{name}-") as work:
                 params = Params(seed=seed, work=Path(work), changes=args.count, seconds=args.seconds,
-                                faults=args.faults, rate=args.rate, inputs=args.inputs)
+                                faults=args.faults, rate=args.rate, inputs=-(-args.inputs // args.runs))
                 log.info("%s: run %d of %d, seed %d", name, i + 1, args.runs, seed)
                 out = run_scenario(name, params)
             settle = "-" if out.settle_seconds is None else f"{out.settle_seconds:.2f} s"
