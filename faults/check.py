@@ -161,6 +161,38 @@ def composes(sup: Supervisor, node: str = "ace", timeout: float = 20.0) -> list[
     return []
 
 
+def unsettled(sup: Supervisor) -> str:
+    """Why a seat does not count as settled: what is in flight, and each watch that is loading, behind or silent."""
+
+    async def watches() -> list[str]:
+        cache = sup.cache
+        out = [f"loading {sorted(cache._loading)}"] if cache._loading else []
+        for state, watcher in list(cache._watchers.items()):
+            sub = watcher._sub
+            if sub is None:
+                out.append(f"{state}: no subscription")
+                continue
+            try:
+                info = await sub.consumer_info()
+            except Exception as err:
+                out.append(f"{state}: its consumer does not answer ({type(err).__name__}: {err})")
+                continue
+            delivered = info.delivered.stream_seq if info.delivered is not None else 0
+            if info.num_pending or cache._latest.get(state, 0) < delivered:
+                out.append(f"{state}: {info.num_pending} pending, {delivered} delivered, "
+                           f"{cache._latest.get(state, 0)} applied")
+        missing = set(cache.states) - set(cache._watchers) - cache._loading
+        if missing:
+            out.append(f"no watch follows {sorted(missing)}")
+        return out
+
+    try:
+        said = sup.loop.run(watches(), 30)
+    except Exception as err:
+        said = [f"the watches could not be asked: {type(err).__name__}: {err}"]
+    return f"{sup.in_flight.total()} message(s) in flight; " + ("; ".join(said) or "every watch caught up")
+
+
 class ErrorLog(logging.Handler):
     """Counts ERROR records of the seat's loggers (pykka's, mesh_provisioner's): each one not a deliberate kill is
     an exception that escaped unhandled, or an error the seat could not keep to itself."""

@@ -190,6 +190,7 @@ def finish(
     twin: Twin,
     *,
     settled: Callable[[float], bool],
+    seat: Callable[[], Supervisor | None] | None = None,
     answers: Callable[[], list[str]],
     errors: check.ErrorLog | None = None,
     more: Callable[[], list[str]] | None = None,
@@ -201,7 +202,9 @@ def finish(
     if settled(SETTLE_SECONDS):
         run.settle_seconds = time.monotonic() - since
     else:
-        run.lost.append(f"the disturbed seat did not settle within {SETTLE_SECONDS:g} s of the last fault")
+        sup = seat() if seat is not None else twin.sup
+        why = f": {check.unsettled(sup)}" if sup is not None else ""
+        run.lost.append(f"the disturbed seat did not settle within {SETTLE_SECONDS:g} s of the last fault{why}")
     if not twin.reference_seat.wait_settled(SETTLE_SECONDS):
         run.lost.append("the undisturbed seat did not settle")
     run.lost += answers()

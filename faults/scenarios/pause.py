@@ -96,7 +96,8 @@ def run(p: Params) -> Run:
                                     f"the lease (it must give it up at each and take it again)")
                 return problems + cas.problems()
 
-            finish(out, twin, settled=settled, answers=lambda: check.verb_answers(twin.disturbed.url),
+            finish(out, twin, settled=settled, seat=lambda: seat.supervisor,
+                   answers=lambda: check.verb_answers(twin.disturbed.url),
                    errors=errors, more=stepped_down)
             retakes = [next((t for t, s in holds if s is not None and t > r), r) - r for r in resumed]
             out.figures.update(holds=held(), lease_seconds=LEASE, pause_seconds=LEASE * 1.5,
