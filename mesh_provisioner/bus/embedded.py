@@ -44,6 +44,21 @@ def free_port() -> int:
         return port
 
 
+def _stopped(pid: int) -> bool:
+    """Whether every thread of a process is stopped (Linux: each /proc/<pid>/task/<tid>/stat says T); True where
+    that cannot be read."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        for tid in tasks:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                state = f.read().rpartition(")")[2].split()[0]
+            if state not in ("T", "t"):
+                return False
+    except (OSError, IndexError):
+        return True
+    return True
+
+
 class EmbeddedServer:
     """One nats-server with JetStream on 127.0.0.1; restartable on the same port and store."""
 
@@ -113,10 +128,18 @@ class EmbeddedServer:
         self.stop()
         self.start()
 
-    def pause(self) -> None:
-        """Freeze the server (SIGSTOP): it holds its connections and answers nothing."""
-        if self.process is not None:
-            os.kill(self.process.pid, signal.SIGSTOP)
+    def pause(self, timeout: float = 5.0) -> None:
+        """Freeze the server (SIGSTOP): it holds its connections and answers nothing once this returns.
+
+        A stop reaches each thread of the process in its own time (a busy machine may let one answer a message
+        more); this waits until every thread says it is stopped, `timeout` s at most.
+        """
+        if self.process is None:
+            return
+        os.kill(self.process.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not _stopped(self.process.pid):
+            time.sleep(0.001)
 
     def resume(self) -> None:
         """Let a frozen server run again (SIGCONT)."""

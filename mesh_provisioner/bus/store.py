@@ -2,20 +2,30 @@
 
 Every write is a compare-and-set on the revision the rule judged from (design.md, messages/writes.py): a put of
 revision 0 creates the key, any other put updates it only if its revision is still that one, a delete deletes it
-only if its revision is still that one. A conflict means someone wrote in between: the batch stops there and says
-which write it was, so the caller re-reads and judges again. There is never a blind put.
+only if its revision is still that one. A conflict means someone wrote in between: the batch says the first write
+(in its order) that conflicted, so the caller re-reads and judges again. There is never a blind put.
+
+A batch's writes are published at once, each with its own expected revision, and their acknowledgements gathered
+(one round trip for the batch, not one a write): JetStream checks each one against its key alone, so a write after
+a conflicting one may land too. Whatever landed is said in `done`, in batch order, and put into the cache (read your
+writes); nothing is said to have landed that did not.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
+import msgspec
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import api
 from nats.js.kv import KV_DEL, KV_OP, KeyValue
 
@@ -33,7 +43,8 @@ _WRONG_LAST_SEQUENCE: Final = (10071, 10164)
 
 @dataclass
 class Applied:
-    """What a batch of writes did: each write made with its new revision, and where it stopped and why."""
+    """What a batch of writes did: each write made with its new revision (in batch order), the first write that
+    conflicted, and why the batch is not all made ("" when it is)."""
 
     done: list[tuple[Write, int]] = field(default_factory=list)
     conflict: Write | None = None
@@ -53,11 +64,109 @@ class Refused(Exception):
     """A write that is not made at all: a bad key, a blind delete, a bucket that does not exist."""
 
 
+class _Error(msgspec.Struct):
+    code: int = 0
+    err_code: int = 0
+    description: str = ""
+
+
+class _Ack(msgspec.Struct):
+    """JetStream's answer to a publish: the message's sequence (the key's new revision), or an error."""
+
+    seq: int = 0
+    error: _Error | None = None
+
+
+_decode_ack = msgspec.json.Decoder(_Ack).decode
+
+
+class _Acks:
+    """Publishes JetStream messages on one connection and gathers their acknowledgements on one inbox of its own.
+
+    As nats-py's request, without a future waited for with a timer of its own per message: a batch is published
+    whole, then waited for once.
+    """
+
+    def __init__(self, nc: Client) -> None:
+        self._nc = nc
+        self._prefix = ""
+        self._sub: Subscription | None = None
+        self._waiting: dict[str, asyncio.Future[Msg]] = {}
+        self._next = 0
+        self._subscribing = asyncio.Lock()
+
+    async def _inbox(self) -> str:
+        if self._sub is None:
+            async with self._subscribing:
+                if self._sub is None:
+                    prefix = self._nc.new_inbox()
+                    self._sub = await self._nc.subscribe(prefix + ".*", cb=self._answer)
+                    self._prefix = prefix + "."
+        return self._prefix
+
+    async def _answer(self, msg: Msg) -> None:
+        future = self._waiting.pop(msg.subject[len(self._prefix):], None)
+        if future is not None and not future.done():
+            future.set_result(msg)
+
+    async def publish(
+        self, messages: list[tuple[str, bytes, dict[str, str]]], timeout: float
+    ) -> list[Msg | BaseException]:
+        """Publish every message, then wait `timeout` s at most for all answers: each answer, or why there is none."""
+        prefix = await self._inbox()
+        loop = asyncio.get_running_loop()
+        futures: dict[str, asyncio.Future[Msg]] = {}
+        failed: BaseException | None = None
+        for subject, payload, headers in messages:
+            self._next += 1
+            token = str(self._next)
+            future: asyncio.Future[Msg] = loop.create_future()
+            self._waiting[token] = future
+            try:
+                await self._nc.publish(subject, payload, reply=prefix + token, headers=headers)
+            except (nats.errors.Error, OSError) as err:
+                # Not published: neither this one nor those after it went out.
+                del self._waiting[token]
+                failed = err
+                break
+            futures[token] = future
+        try:
+            if futures:
+                await asyncio.wait(futures.values(), timeout=timeout)
+        finally:
+            for token in futures:
+                self._waiting.pop(token, None)
+        out = [_result(f) for f in futures.values()]
+        return out + [failed or TimeoutError("nats: not published")] * (len(messages) - len(out))
+
+
+_acks: weakref.WeakKeyDictionary[Client, _Acks] = weakref.WeakKeyDictionary()
+
+
+def acks_of(nc: Client) -> _Acks:
+    """The one inbox of a connection for its stores' acknowledgements, made at first use (as nats-py's own for
+    its requests): stores made again and again on a host's connection subscribe no more than once."""
+    found = _acks.get(nc)
+    if found is None:
+        found = _acks[nc] = _Acks(nc)
+    return found
+
+
+def _result(future: asyncio.Future[Msg]) -> Msg | BaseException:
+    if not future.done():
+        future.cancel()
+        return TimeoutError("nats: timeout")
+    if future.cancelled():
+        return TimeoutError("nats: timeout")
+    exc = future.exception()
+    return exc if exc is not None else future.result()
+
+
 class Store:
-    """Executes a rule's writes as compare-and-sets, one after another, and tells the cache each one made."""
+    """Executes a rule's writes as compare-and-sets, a batch at once, and tells the cache each one made."""
 
     def __init__(self, nc: Client, cache: Cache | None = None, *, timeout: float = 5.0) -> None:
-        """A store writing through `nc`, each write waiting `timeout` s for its acknowledgement at most.
+        """A store writing through `nc`, each batch waiting `timeout` s for its acknowledgements at most.
 
         With a cache, each write made is put into it at once (read your writes).
         """
@@ -66,83 +175,137 @@ class Store:
         # Only the seat's holder writes its states (contract section 8): the guard says why not, "" when it may.
         self.guard: Callable[[], str] | None = None
         self.errors = 0
+        self._timeout = timeout
         self._js = nc.jetstream(timeout=timeout)
         link(nc)  # its requests are counted from now on
+        self._acks = acks_of(nc)
         self._cache = cache
         self._buckets: dict[str, KeyValue] = {}
 
     async def apply(self, writes: Iterable[Write]) -> Applied:
-        """Make each write in order as a compare-and-set; stop at the first that conflicts or fails.
+        """Make the writes as compare-and-sets, published at once; say which landed and the first that did not.
 
-        The writes are awaited one by one: each is made only once the one before it is acknowledged, so a batch
-        that stops leaves exactly `done` written.
+        The writes are checked in order first: a write that may not be made (the guard says no, a key not made of
+        tokens, a blind delete, a bucket that does not exist) ends the batch there, and only the writes before it are
+        published. Those are published together, each with its own expected revision, and every acknowledgement is
+        gathered: `done` holds each write that landed, in batch order, `conflict` the first that found its key at
+        another revision, and `error` why the first write that did not land did not.
         """
         applied = Applied()
+        batch: list[Write] = []
+        messages: list[tuple[str, bytes, dict[str, str]]] = []
+        stop = ""
         for write in writes:
             barred = self.guard() if self.guard is not None else ""
             if barred:
-                self.errors += 1
-                applied.error = f"{_what(write)} is not made: {barred}"
+                stop = f"{_what(write)} is not made: {barred}"
                 break
             try:
-                revision = await self._make(write)
-            except Conflict as err:
-                self.conflicts += 1
-                applied.conflict, applied.error = write, str(err)
-                log.info("%s", err)
+                messages.append(await self._message(write))
+            except Refused as err:
+                stop = str(err)
                 break
             except (nats.errors.Error, TimeoutError) as err:
+                stop = f"{_what(write)} failed: {type(err).__name__}: {err}".rstrip(": ")
+                break
+            batch.append(write)
+        answers = await self._acks.publish(messages, self._timeout) if messages else []
+        for write, answer in zip(batch, answers, strict=True):
+            try:
+                revision = await self._landed(write, answer)
+            except Conflict as err:
+                self.conflicts += 1
+                if applied.conflict is None:
+                    applied.conflict = write
+                applied.error = applied.error or str(err)
+                log.info("%s", err)
+                continue
+            except (nats.errors.Error, TimeoutError, OSError) as err:
                 self.errors += 1
                 self._buckets.pop(write.state, None)  # open it again next time: it may have been deleted
-                applied.error = f"{_what(write)} failed: {type(err).__name__}: {err}".rstrip(": ")
-                log.warning("%s", applied.error)
-                break
-            except Refused as err:
-                self.errors += 1
-                applied.error = str(err)
-                log.warning("%s", applied.error)
-                break
+                why = f"{_what(write)} failed: {type(err).__name__}: {err}".rstrip(": ")
+                applied.error = applied.error or why
+                log.warning("%s", why)
+                continue
             self.writes += 1
             applied.done.append((write, revision))
             if self._cache is not None:
                 self._cache.note_written(
                     write.state, write.key, write.value if isinstance(write, Put) else None, revision
                 )
+        if stop:
+            self.errors += 1
+            applied.error = applied.error or stop
+            log.warning("%s", stop)
         return applied
 
     def counts(self) -> dict[str, int]:
         """The writes made, the conflicts met and the writes that failed, so far."""
         return {"writes": self.writes, "conflicts": self.conflicts, "failed writes": self.errors}
 
-    async def _make(self, write: Write) -> int:
-        """Make one write; answers the key's new revision, raises Conflict when its revision moved on."""
+    async def _message(self, write: Write) -> tuple[str, bytes, dict[str, str]]:
+        """The message that makes one write: its subject, payload and headers (the expected revision)."""
         if not all(is_token(t) for t in write.key.split(".")):
             # Contract section 1: a key joins tokens with dots; any other key is bad input, never written.
             raise Refused(f"{_what(write)} is not made: the key is not tokens joined by dots")
+        if isinstance(write, Delete) and write.revision <= 0:
+            # messages/writes.py: a delete of revision 0 is never made (it would be a blind delete).
+            raise Refused(f"{_what(write)} is not made: a delete needs the revision it was judged from")
+        await self._bucket(write.state)
+        subject = f"$KV.{bucket(write.state)}.{write.key}"
+        expected = {api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: str(write.revision)}
+        if isinstance(write, Put):
+            return subject, write.value, expected
+        return subject, b"", {KV_OP: KV_DEL, **expected}
+
+    async def _landed(self, write: Write, answer: Msg | BaseException) -> int:
+        """The key's new revision from a write's acknowledgement; Conflict when its revision moved on.
+
+        A create (revision 0) of a key whose last word is a delete marker is made again on the marker's revision,
+        as nats-py's `KeyValue.create` does: a deleted key is no key.
+        """
+        if isinstance(answer, BaseException):
+            raise answer
+        if answer.headers and answer.headers.get(api.Header.STATUS) == "503":
+            raise nats.js.errors.NoStreamResponseError
+        try:
+            ack = _decode_ack(answer.data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as err:
+            raise nats.errors.Error(f"an acknowledgement that does not decode: {err}") from None
+        if ack.error is None:
+            return ack.seq
+        if ack.error.err_code not in _WRONG_LAST_SEQUENCE:
+            raise nats.js.errors.APIError(
+                code=ack.error.code, err_code=ack.error.err_code, description=ack.error.description
+            )
+        if isinstance(write, Put) and write.revision == 0:
+            marker = await self._deleted_at(write)
+            if marker:
+                return await self._make(Put(write.state, write.key, write.value, marker))
+        raise Conflict(f"{_what(write)} conflicts: the key is no longer at that revision")
+
+    async def _deleted_at(self, write: Write) -> int:
+        """The revision of a key's delete marker, 0 when its last word is a value (or there is none)."""
         kv = await self._bucket(write.state)
         try:
-            if isinstance(write, Put):
-                if write.revision == 0:
-                    return await kv.create(write.key, write.value)
-                return await kv.update(write.key, write.value, last=write.revision)
-            return await self._delete(write)
+            await kv.get(write.key)
+        except nats.js.errors.KeyNotFoundError as err:
+            # nats-py says a deleted key is not found, with the delete marker as the error's entry.
+            entry = getattr(err, "entry", None)
+            return entry.revision or 0 if isinstance(entry, KeyValue.Entry) else 0
+        return 0
+
+    async def _make(self, write: Write) -> int:
+        """Make one write alone; answers the key's new revision, raises Conflict when its revision moved on."""
+        subject, payload, headers = await self._message(write)
+        try:
+            ack = await self._js.publish(subject, payload, headers=headers)
         except nats.js.errors.KeyWrongLastSequenceError:
             raise Conflict(f"{_what(write)} conflicts: the key is no longer at that revision") from None
         except nats.js.errors.APIError as err:
             if err.err_code in _WRONG_LAST_SEQUENCE:
                 raise Conflict(f"{_what(write)} conflicts: the key is no longer at that revision") from None
             raise
-
-    async def _delete(self, write: Delete) -> int:
-        """Delete a key if it is still at the write's revision; answers the delete marker's revision.
-
-        As nats-py's `KeyValue.delete`, but keeping the revision JetStream gives the marker.
-        """
-        if write.revision <= 0:
-            # messages/writes.py: a delete of revision 0 is never made (it would be a blind delete).
-            raise Refused(f"{_what(write)} is not made: a delete needs the revision it was judged from")
-        headers = {KV_OP: KV_DEL, api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE: str(write.revision)}
-        ack = await self._js.publish(f"$KV.{bucket(write.state)}.{write.key}", headers=headers)
         return ack.seq
 
     async def _bucket(self, state: str) -> KeyValue:

@@ -52,18 +52,19 @@ def test_two_writers_one_conflicts_and_its_batch_stops_there(
     lost = apply(loop, theirs, Put(REFUSED, "ace.gitea", B, 0))
     assert lost.conflict == Put(REFUSED, "ace.gitea", B, 0) and not lost.done and "conflicts" in lost.error
 
-    # Both judged from rev: the first update wins, the second conflicts, and what follows it is not made.
+    # Both judged from rev: the first update wins, the second conflicts. The batch is published at once, so what
+    # follows the conflict is made too, each write checked against its own key: the batch says which landed.
     assert apply(loop, mine, Put(REFUSED, "ace.gitea", B, rev)).ok
     stale = Put(REFUSED, "ace.gitea", A, rev)
     after = Put(REFUSED, "bee.gitea", A, 0)
     lost = apply(loop, theirs, Put(REFUSED, "cat.gitea", A, 0), stale, after)
-    assert [w for w, _ in lost.done] == [Put(REFUSED, "cat.gitea", A, 0)]
-    assert lost.conflict == stale
+    assert [w for w, _ in lost.done] == [Put(REFUSED, "cat.gitea", A, 0), after]
+    assert lost.conflict == stale and "conflicts" in lost.error
 
     # A delete on a stale revision conflicts too.
     lost = apply(loop, theirs, Delete(REFUSED, "ace.gitea", rev))
     assert lost.conflict == Delete(REFUSED, "ace.gitea", rev)
-    assert (theirs.writes, theirs.conflicts) == (1, 3)
+    assert (theirs.writes, theirs.conflicts) == (2, 3)
 
     async def read(key: str) -> bytes | None:
         kv = await other.jetstream().key_value("mesh-provisioner_refused")
@@ -73,7 +74,7 @@ def test_two_writers_one_conflicts_and_its_batch_stops_there(
             return None
 
     assert loop.run(read("ace.gitea"), 5) == B
-    assert loop.run(read("bee.gitea"), 5) is None
+    assert loop.run(read("bee.gitea"), 5) == A
 
 
 def test_writes_that_are_never_made(loop: EventLoopThread, seat: Client, nats_server: NatsServer) -> None:
