@@ -161,20 +161,32 @@ class Supervisor:
             log.info("deleted %d key(s) of the retired needs", len(writes))
 
     def _start_children(self) -> None:
-        self._spec(ASKER, lambda: AskerActor.start(self, self.in_flight, retries=self.config.conflict_retries))
+        """Start every child, then route changes, then tell each to resynchronise.
+
+        All are started before any works: a thread started while others compose waits for the interpreter lock
+        at every step of its start, so starting a thousand node actors among compositions takes many seconds.
+        Changes are routed before the first resync, so no write of a composition wakes nothing.
+        """
+        started = [ASKER]
+        self._spec(ASKER, lambda: AskerActor.start(self, self.in_flight, retries=self.config.conflict_retries),
+                   resync=False)
         for provider in self.config.bound_reads:
+            started.append(f"bound:{provider}")
             self._spec(
                 f"bound:{provider}",
                 partial(BoundActor.start, provider, self, self.in_flight, retries=self.config.conflict_retries),
+                resync=False,
             )
         for node in sorted(known_nodes(self.view)):
-            self._node(node)
+            started.append(self._node(node, resync=False))
         self._routing = True
+        for name in started:
+            self._resync(name)
         for node in sorted(known_nodes(self.view)):  # a node that appeared while the others started
             self._node(node)
 
-    def _node(self, node: str) -> str:
-        """The name of a node's actor, started when it has none."""
+    def _node(self, node: str, *, resync: bool = True) -> str:
+        """The name of a node's actor, started (and told to resynchronise, unless not `resync`) when it has none."""
         name = f"node:{node}"
         with self._lock:
             if name not in self._specs and not self._stopping:
@@ -183,15 +195,17 @@ class Supervisor:
                     lambda: NodeActor.start(
                         node, self, self.in_flight, retries=self.config.conflict_retries, parallel=self._parallel
                     ),
+                    resync=resync,
                 )
         return name
 
-    def _spec(self, name: str, start: Callable[[], pykka.ActorRef[Any]]) -> None:
+    def _spec(self, name: str, start: Callable[[], pykka.ActorRef[Any]], *, resync: bool = True) -> None:
         with self._lock:
             self._specs[name] = ChildSpec(name, start)
             self._order.append(name)
             self._refs[name] = start()
-        self._resync(name)
+        if resync:
+            self._resync(name)
 
     def _resync(self, name: str) -> None:
         """A started child (a restarted one too) judges all it owns from the bus, never from memory.
