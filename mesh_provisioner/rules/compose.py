@@ -27,6 +27,22 @@ class Composition(msgspec.Struct, frozen=True):
     held: dict[str, str]
 
 
+class Memo:
+    """What one composition of a node works out once for both of its compositions (at its wants, at the newest
+    builds): each module's plan at a build, and where each provision is offered. Kept for one view, never longer."""
+
+    def __init__(self) -> None:
+        self.plans: dict[tuple[str, str], tuple[r.Plan | None, str]] = {}
+        self.offered: dict[str, dict[str, list[str]]] = {}
+
+
+def registered_fp(view: View, module: str) -> str:
+    """The build the indexer registers a module at, "" when it cannot be read."""
+    me = view.get(MODULES, module)
+    entry = me.get(r.ModuleEntry) if me is not None else None
+    return entry.fp if entry is not None else ""
+
+
 def placed(view: View, node: str) -> list[str]:
     """The modules placed on a node; raises CannotCompose when its placement does not decode."""
     e = view.get(PLACEMENT, node)
@@ -38,13 +54,24 @@ def placed(view: View, node: str) -> list[str]:
     return [m.module for m in placement.modules]
 
 
-def compose(view: View, node: str, kept_at: dict[str, str]) -> Composition:
-    """Each module's plan on a node at the builds kept_at names, the newest build of every other (5.1)."""
+def compose(view: View, node: str, kept_at: dict[str, str], memo: Memo | None = None) -> Composition:
+    """Each module's plan on a node at the builds kept_at names, the newest build of every other (5.1).
+
+    With a memo, a module's plan at a build is composed once for both compositions of the node: a module wanted at
+    the build the indexer registers composes the same either way.
+    """
     modules = sorted(set(placed(view, node)) | set(kept_at))
     plans: dict[str, r.Plan] = {}
     held: dict[str, str] = {}
     for module in modules:
-        plan, why = compose_module(view, node, module, kept_at.get(module, ""))
+        fp = kept_at.get(module, "")
+        build = (module, fp or registered_fp(view, module)) if memo is not None else None
+        if memo is not None and build is not None and build[1] and build in memo.plans:
+            plan, why = memo.plans[build]
+        else:
+            plan, why = compose_module(view, node, module, fp, memo)
+            if memo is not None and build is not None and build[1]:
+                memo.plans[build] = (plan, why)
         if plan is None:
             held[module] = why
         else:
@@ -101,7 +128,9 @@ def shape_problem(m: r.Manifest) -> str:
     return ""
 
 
-def compose_module(view: View, node: str, module: str, fp: str) -> tuple[r.Plan | None, str]:
+def compose_module(
+    view: View, node: str, module: str, fp: str, memo: Memo | None = None
+) -> tuple[r.Plan | None, str]:
     """A module's plan on a node at a build ("" for its newest), or None and why it is held."""
     m, why = build_manifest(view, module, fp)
     if m is None:
@@ -112,7 +141,7 @@ def compose_module(view: View, node: str, module: str, fp: str) -> tuple[r.Plan 
     chosen: dict[tuple[str, str], r.PlanProvision] = {}
     reasons: list[str] = []
     for req in m.requires:
-        provider, why = choose_provider(view, node, module, req.provision)
+        provider, why = choose_provider(view, node, module, req.provision, memo)
         if provider is None:
             reasons.append(why)
             continue
@@ -126,17 +155,20 @@ def compose_module(view: View, node: str, module: str, fp: str) -> tuple[r.Plan 
     return r.Plan(provisions=tuple(chosen[key] for key in sorted(chosen))), ""
 
 
-def choose_provider(view: View, node: str, module: str, provision: str) -> tuple[tuple[str, str] | None, str]:
+def choose_provider(
+    view: View, node: str, module: str, provision: str, memo: Memo | None = None
+) -> tuple[tuple[str, str] | None, str]:
     """The (node, module) that provides a provision to a module on a node, or None and why none can be chosen.
 
     Among the modules whose trunk manifest provides it and the nodes they are placed on: the node mesh-config
     resolves for this module on this node, else the consumer's own node, else the one node where one is placed.
     Two providers on the chosen node: the first by name (5.1, 3).
     """
-    on: dict[str, list[str]] = {}
-    for provider in sorted(view.providers_of(provision)):
-        for pnode in view.placed_on(provider):
-            on.setdefault(pnode, []).append(provider)
+    on = memo.offered.get(provision) if memo is not None else None
+    if on is None:
+        on = offered_on(view, provision)
+        if memo is not None:
+            memo.offered[provision] = on
     if not on:
         return None, f"no placed module provides {provision}"
     resolved, why = resolved_node(view, node, module, provision)
@@ -153,6 +185,15 @@ def choose_provider(view: View, node: str, module: str, provision: str) -> tuple
     return None, (
         f"{provision} is provided on several nodes ({nodes}) and mesh-config resolves none for {module} on {node}"
     )
+
+
+def offered_on(view: View, provision: str) -> dict[str, list[str]]:
+    """Each node where a provision is offered, and the modules placed there that offer it, by name."""
+    on: dict[str, list[str]] = {}
+    for provider in sorted(view.providers_of(provision)):
+        for pnode in view.placed_on(provider):
+            on.setdefault(pnode, []).append(provider)
+    return on
 
 
 def resolved_node(view: View, node: str, module: str, provision: str) -> tuple[str, str]:

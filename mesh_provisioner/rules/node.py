@@ -8,6 +8,7 @@ operator is asked (5.4).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 
 import msgspec
@@ -15,7 +16,7 @@ import msgspec
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.rules import keys as k
-from mesh_provisioner.rules.compose import CannotCompose, compose
+from mesh_provisioner.rules.compose import CannotCompose, Memo, compose
 from mesh_provisioner.rules.judge import outcome
 from mesh_provisioner.rules.retire import raise_ask, retired
 from mesh_provisioner.rules.view import HAVE, PLANS, PROVISIONS, REFUSED, WANTS, View
@@ -114,9 +115,10 @@ def compose_node(view: View, node: str, now: datetime) -> Result:
     # A module on the node with no want (the bus on the control node) is composed at the build its have names.
     for module, fp in running_on(view, node, out.problems).items():
         wanted.setdefault(module, fp)
+    memo = Memo()
     try:
-        at_wants = compose(writes.view, node, wanted)
-        newest = compose(writes.view, node, {})
+        at_wants = compose(writes.view, node, wanted, memo)
+        newest = compose(writes.view, node, {}, memo)
     except CannotCompose as err:
         out.problems.append(str(err))
         return Result(out, [])
@@ -136,6 +138,8 @@ def compose_node(view: View, node: str, now: datetime) -> Result:
     vault = vault_node(view)
     for plans in (plans_at_wants, newest.plans):
         for module, plan in sorted(plans.items()):
+            if plans is newest.plans and plans_at_wants.get(module) is plan:
+                continue  # the same plan at both builds (one memo): it needs nothing more
             consumer = r.End(module=module, node=node)
             for p in plan.provisions:
                 provider = r.End(module=p.provider_module, node=p.provider)
@@ -256,7 +260,7 @@ def _judge_node(
     for dep in view.depended_on(node):
         if dep in kept and dep not in needed:
             needed[dep] = msgspec.structs.replace(kept[dep], state="", why="", ask="", warrant=None)
-    for key in sorted(needed.keys() | kept.keys()):
+    for key in _depended_first(needed.keys() | kept.keys(), needed):
         have = kept.get(key)
         if key in needed:
             nxt = needed[key]
@@ -289,6 +293,28 @@ def _judge_node(
             continue
         writes.provision(key, nxt, now)
         out.provisions_changed.append(f"{key} {nxt.state}")
+
+
+def _depended_first(keys: Iterable[str], needed: dict[str, r.Provision]) -> list[str]:
+    """The keys in sorted order, each after the keys among them it depends on: a credential is judged before the key
+    that waits for it, so that one composition says what the key's provider makes of both (section 4, 5.3)."""
+    among = sorted(keys)
+    inside = set(among)
+    out: list[str] = []
+    placed: set[str] = set()
+
+    def place(key: str) -> None:
+        placed.add(key)
+        p = needed.get(key)
+        for dep in p.depends_on if p is not None else ():
+            if dep in inside and dep not in placed:
+                place(dep)
+        out.append(key)
+
+    for key in among:
+        if key not in placed:
+            place(key)
+    return out
 
 
 def _ask(key: str, p: r.Provision, now: datetime, out: r.Composed) -> r.Provision:
