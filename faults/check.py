@@ -167,6 +167,11 @@ def unsettled(sup: Supervisor) -> str:
     async def watches() -> list[str]:
         cache = sup.cache
         out = [f"loading {sorted(cache._loading)}"] if cache._loading else []
+        for state in sorted(cache._loading):
+            task = cache._tasks.get(state)
+            frames = task.get_stack() if task is not None else []
+            where = " < ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in reversed(frames))
+            out.append(f"{state}'s watch waits in {where or 'nothing'}")
         for state, watcher in list(cache._watchers.items()):
             sub = watcher._sub
             if sub is None:
@@ -181,9 +186,9 @@ def unsettled(sup: Supervisor) -> str:
             if info.num_pending or cache._latest.get(state, 0) < delivered:
                 out.append(f"{state}: {info.num_pending} pending, {delivered} delivered, "
                            f"{cache._latest.get(state, 0)} applied")
-        missing = set(cache.states) - set(cache._watchers) - cache._loading
+        missing = set(cache.states) - set(cache._watchers) - cache._loading - set(cache.view.states())
         if missing:
-            out.append(f"no watch follows {sorted(missing)}")
+            out.append(f"no watch follows {sorted(missing)} (buckets that do not exist are waited for)")
         return out
 
     try:
