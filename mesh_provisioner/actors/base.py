@@ -35,6 +35,9 @@ class Applied(Protocol):
     @property
     def error(self) -> str: ...
 
+    @property
+    def done(self) -> list[tuple[Write, int]]: ...
+
 
 class Seat(Protocol):
     """What the actors work with: the cache to read, the bus to write, the clock, and each other."""
@@ -162,9 +165,30 @@ class SeatActor(pykka.ThreadingActor):
             self.seat.tell(self.name, Tick())
 
     def rejudge_keys(self, keys: list[str], since: float = 0.0) -> None:
-        """Judge keys again from their providers' outcomes, each written by compare-and-set."""
-        for key in keys:
-            self._rejudge(key, since)
+        """Judge keys again from their providers' outcomes, each written by compare-and-set.
+
+        The keys are judged together and their writes made as one batch (one round trip to the bus, not one a
+        key); a key whose write did not land (it conflicted, or failed) is judged again alone, as before.
+        """
+        if len(keys) <= 1:
+            for key in keys:
+                self._rejudge(key, since)
+            return
+        view, now = self.seat.view, self.seat.now()
+        judged = [(key, rejudge(view, key, now)) for key in keys]
+        writes = [w for _, j in judged for w in j.writes]
+        if not writes:
+            return
+        applied = self.seat.apply(writes)
+        landed = {(w.state, w.key) for w, _ in applied.done}
+        for key, j in judged:
+            if all((w.state, w.key) in landed for w in j.writes):
+                if j.said:
+                    log.info("%s", j.said)
+            else:
+                self._rejudge(key, since)
+        if since and applied.done:
+            self.seat.metrics.change_to_write.observe(time.monotonic() - since)
 
     def _rejudge(self, key: str, since: float) -> None:
         said: list[str] = []
