@@ -99,6 +99,10 @@ class RemoteView:
         return sorted(node for node, p in self._values(PLACEMENT, r.Placement)
                       if any(m.module == module for m in p.modules))
 
+    def is_placed(self, module: str, node: str) -> bool:
+        """As the seeds' `placedOn`, asked of one node."""
+        return node in self.placed_on(module)
+
     def providers_of(self, provision: str) -> set[str]:
         """Every registered module read with its trunk manifest, and those providing the provision."""
         out = set()

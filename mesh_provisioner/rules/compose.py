@@ -33,6 +33,7 @@ class Memo:
 
     def __init__(self) -> None:
         self.plans: dict[tuple[str, str], tuple[r.Plan | None, str]] = {}
+        self.providers: dict[str, list[str]] = {}
         self.offered: dict[str, dict[str, list[str]]] = {}
 
 
@@ -164,20 +165,37 @@ def choose_provider(
     resolves for this module on this node, else the consumer's own node, else the one node where one is placed.
     Two providers on the chosen node: the first by name (5.1, 3).
     """
-    on = memo.offered.get(provision) if memo is not None else None
-    if on is None:
-        on = offered_on(view, provision)
+    providers = memo.providers.get(provision) if memo is not None else None
+    if providers is None:
+        providers = sorted(view.providers_of(provision))
         if memo is not None:
-            memo.offered[provision] = on
-    if not on:
+            memo.providers[provision] = providers
+    everywhere: dict[str, list[str]] | None = None
+
+    def offered() -> dict[str, list[str]]:
+        # Every node where it is offered: read only when the nodes at hand do not decide (it lists them all).
+        nonlocal everywhere
+        if everywhere is None:
+            everywhere = memo.offered.get(provision) if memo is not None else None
+            if everywhere is None:
+                everywhere = offered_on(view, provision, providers)
+                if memo is not None:
+                    memo.offered[provision] = everywhere
+        return everywhere
+
+    here = [p for p in providers if view.is_placed(p, node)]
+    if not here and not offered():
         return None, f"no placed module provides {provision}"
     resolved, why = resolved_node(view, node, module, provision)
     if why:
         return None, why
-    if resolved in on:
-        return (resolved, on[resolved][0]), ""
-    if node in on:
-        return (node, on[node][0]), ""
+    if resolved:
+        there = [p for p in providers if view.is_placed(p, resolved)]
+        if there:
+            return (resolved, there[0]), ""
+    if here:
+        return (node, here[0]), ""
+    on = offered()
     if len(on) == 1:
         only = next(iter(on))
         return (only, on[only][0]), ""
@@ -187,10 +205,10 @@ def choose_provider(
     )
 
 
-def offered_on(view: View, provision: str) -> dict[str, list[str]]:
+def offered_on(view: View, provision: str, providers: list[str] | None = None) -> dict[str, list[str]]:
     """Each node where a provision is offered, and the modules placed there that offer it, by name."""
     on: dict[str, list[str]] = {}
-    for provider in sorted(view.providers_of(provision)):
+    for provider in providers if providers is not None else sorted(view.providers_of(provision)):
         for pnode in view.placed_on(provider):
             on.setdefault(pnode, []).append(provider)
     return on

@@ -120,6 +120,10 @@ class View(Protocol):
         """Every node a module is placed on, sorted."""
         ...
 
+    def is_placed(self, module: str, node: str) -> bool:
+        """Whether a module is placed on a node."""
+        ...
+
     def providers_of(self, provision: str) -> set[str]:
         """Every module whose manifest at the trunk provides a provision."""
         ...
@@ -206,6 +210,10 @@ class MemoryView:
     def placed_on(self, module: str) -> list[str]:
         """Every node a module is placed on, sorted."""
         return sorted(self._placed.get(module, ()))
+
+    def is_placed(self, module: str, node: str) -> bool:
+        """Whether a module is placed on a node."""
+        return node in self._placed.get(module, ())
 
     def providers_of(self, provision: str) -> set[str]:
         """Every module whose manifest at the trunk provides a provision."""
@@ -440,6 +448,10 @@ class Overlay:
     def placed_on(self, module: str) -> list[str]:
         """As the view below."""
         return self.base.placed_on(module)
+
+    def is_placed(self, module: str, node: str) -> bool:
+        """As the view below."""
+        return self.base.is_placed(module, node)
 
     def providers_of(self, provision: str) -> set[str]:
         """As the view below."""
