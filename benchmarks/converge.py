@@ -100,7 +100,7 @@ class SeatProcess:
 
     def __init__(self, url: str, max_parallel: int = 0, timeout: float = 1800.0) -> None:
         cmd = [sys.executable, "-m", "benchmarks.seat_proc", url, "--max-parallel", str(max_parallel),
-               "--timeout", str(timeout)]
+               "--timeout", str(timeout), *os.environ.get("SEAT_ARGS", "").split()]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.started = self._read()
@@ -145,7 +145,7 @@ def machine() -> dict[str, Any]:
         pass
     version = subprocess.run([server_binary(), "--version"], capture_output=True, text=True, check=False).stdout.strip()
     return {"nproc": os.cpu_count(), "cpu_model": model, "python": platform.python_version(),
-            "nats_server": version, "platform": platform.platform()}
+            "nats_server": version, "platform": platform.platform(), "loadavg_at_start": os.getloadavg()}
 
 
 def log(*words: Any) -> None:

@@ -55,7 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("url")
     p.add_argument("--max-parallel", type=int, default=0)
     p.add_argument("--timeout", type=float, default=1800.0)
+    p.add_argument("--switch-interval", type=float, default=0.0,
+                   help="the interpreter's thread switch interval in seconds (0: Python's own, 5 ms)")
     args = p.parse_args(argv)
+    if args.switch_interval > 0:
+        sys.setswitchinterval(args.switch_interval)
     config = Config(nats=args.url, max_parallel=args.max_parallel, request_timeout=60.0)
     gc.collect()
     base = {"rss_before_bytes": rss_now()}
