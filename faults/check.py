@@ -169,9 +169,19 @@ def unsettled(sup: Supervisor) -> str:
         out = [f"loading {sorted(cache._loading)}"] if cache._loading else []
         for state in sorted(cache._loading):
             task = cache._tasks.get(state)
-            frames = task.get_stack() if task is not None else []
-            where = " < ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in reversed(frames))
-            out.append(f"{state}'s watch waits in {where or 'nothing'}")
+            if task is not None and task.done():
+                how = "was cancelled" if task.cancelled() else f"raised {task.exception()!r}"
+                out.append(f"{state}'s watch ended: it {how}")
+                continue
+            chain, coro = [], task.get_coro() if task is not None else None
+            while coro is not None and len(chain) < 20:
+                frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+                if frame is None:
+                    chain.append(type(coro).__name__)
+                    break
+                chain.append(f"{frame.f_code.co_name}:{frame.f_lineno}")
+                coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+            out.append(f"{state}'s watch waits in {' > '.join(chain) or 'nothing'}")
         for state, watcher in list(cache._watchers.items()):
             sub = watcher._sub
             if sub is None:

@@ -293,7 +293,9 @@ class Cache:
                 log.warning("the watch of %s failed (%s: %s); watching again in %.2f s",
                             name, type(err).__name__, err, delay)
             finally:
-                if self._watchers.get(state) is watcher:
+                # A watch that never started (watcher None) has no entry: deleting one would raise and end the
+                # state's watch for good.
+                if watcher is not None and self._watchers.get(state) is watcher:
                     del self._watchers[state]
                 if watcher is not None:
                     # Shielded: a second cancel while it runs must not leave the consumer behind.

@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
+import nats.errors
 import pytest
 from helpers import NatsServer, seed_buckets, wait_until
 from nats.aio.client import Client
@@ -118,5 +119,43 @@ def test_an_empty_bucket_still_loads_at_the_marker(
     try:
         loop.run(asyncio.wait_for(cache.wait_synced(), 5), 10)
         assert list(cache.view.keys(STATE)) == []
+    finally:
+        loop.run(cache.stop(), 10)
+
+
+@pytest.fixture
+def first_watch_fails(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The first watch of the bucket fails to start, as one does while a cluster elects a leader."""
+    real = KeyValue.watchall
+    failed: list[str] = []
+
+    async def watchall(self: KeyValue, **kwargs: Any) -> Any:
+        if not failed:
+            failed.append(self._name)
+            raise nats.errors.TimeoutError
+        return await real(self, **kwargs)
+
+    monkeypatch.setattr(KeyValue, "watchall", watchall)
+    return failed
+
+
+def test_a_watch_that_fails_to_start_is_started_again(
+    first_watch_fails: list[str], loop: EventLoopThread, nc: Client, other: Client, nats_server: NatsServer
+) -> None:
+    # The watch's session cleaned up a watcher it never had: `del` of a state it had no entry for raised KeyError,
+    # which ended the session, and the state was never watched again (found by the runner's cluster scenario).
+    seed_buckets(nats_server.url, [STATE])
+
+    async def fill() -> None:
+        kv = await other.jetstream().key_value(bucket(STATE))
+        await kv.put(KEYS[0], b'{"state": "provided"}')
+
+    loop.run(fill(), 10)
+    cache = Cache(nc, states=[STATE], backoff=(0.01, 0.1))
+    loop.run(cache.start(), 10)
+    try:
+        loop.run(cache.wait_synced(10), 15)
+        assert first_watch_fails == [bucket(STATE)]
+        assert list(cache.view.keys(STATE)) == [KEYS[0]]
     finally:
         loop.run(cache.stop(), 10)
