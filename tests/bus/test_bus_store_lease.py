@@ -1,0 +1,41 @@
+"""The store asks its guard again as a batch goes out (contract 8: only the holder writes the seat's states).
+
+Making a batch's messages may wait on the bus: a bucket not yet open is opened, which on a slow or frozen server
+takes up to the request timeout. A lease that lapsed meanwhile must stop the batch: found by the fault runner's
+pause scenario (a write sent while the process no longer held the lease, the server frozen past the lease time).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+
+from mesh_provisioner.bus.connection import SEAT_STATES, ensure_buckets
+from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.bus.store import Store
+from mesh_provisioner.messages.writes import Put
+from mesh_provisioner.rules.view import PLANS, REFUSED
+
+
+def test_a_lease_lapsed_while_the_batch_was_made_stops_it(
+    loop: EventLoopThread, nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop.run(ensure_buckets(nc.jetstream(), SEAT_STATES), 10)
+    store = Store(nc)
+    held = [True]
+    store.guard = lambda: "" if held[0] else "this process does not hold the seat's lease"
+    real = Store._bucket
+
+    async def opened_slowly(self: Store, state: str) -> Any:
+        kv = await real(self, state)
+        if state == REFUSED:
+            held[0] = False  # the lease lapsed while the bucket was opened
+        return kv
+
+    monkeypatch.setattr(Store, "_bucket", opened_slowly)
+    applied = loop.run(store.apply([Put(PLANS, "ace.gitea", b"{}", 0), Put(REFUSED, "ace.gitea", b"{}", 0)]), 10)
+    assert applied.done == []
+    assert "does not hold the seat's lease" in applied.error
+    assert store.writes == 0
