@@ -80,6 +80,9 @@ class _Ack(msgspec.Struct):
 _decode_ack = msgspec.json.Decoder(_Ack).decode
 
 
+IN_FLIGHT: Final = 1024  # messages of a connection waiting for their acknowledgement at once, at most
+
+
 class _Acks:
     """Publishes JetStream messages on one connection and gathers their acknowledgements on one inbox of its own.
 
@@ -87,13 +90,16 @@ class _Acks:
     whole, then waited for once.
     """
 
-    def __init__(self, nc: Client) -> None:
+    def __init__(self, nc: Client, in_flight: int = IN_FLIGHT) -> None:
         self._nc = nc
         self._prefix = ""
         self._sub: Subscription | None = None
         self._waiting: dict[str, asyncio.Future[Msg]] = {}
         self._next = 0
         self._subscribing = asyncio.Lock()
+        # At most this many messages wait for their answer at once: a thousand compositions writing together must
+        # not flood the connection (the server drops a client that reads its answers too slowly).
+        self._room = asyncio.Semaphore(in_flight)
 
     async def _inbox(self) -> str:
         if self._sub is None:
@@ -117,25 +123,31 @@ class _Acks:
         loop = asyncio.get_running_loop()
         futures: dict[str, asyncio.Future[Msg]] = {}
         failed: BaseException | None = None
-        for subject, payload, headers in messages:
-            self._next += 1
-            token = str(self._next)
-            future: asyncio.Future[Msg] = loop.create_future()
-            self._waiting[token] = future
-            try:
-                await self._nc.publish(subject, payload, reply=prefix + token, headers=headers)
-            except (nats.errors.Error, OSError) as err:
-                # Not published: neither this one nor those after it went out.
-                del self._waiting[token]
-                failed = err
-                break
-            futures[token] = future
         try:
+            for subject, payload, headers in messages:
+                await self._room.acquire()
+                self._next += 1
+                token = str(self._next)
+                future: asyncio.Future[Msg] = loop.create_future()
+                future.add_done_callback(lambda _: self._room.release())
+                self._waiting[token] = future
+                futures[token] = future
+                try:
+                    await self._nc.publish(subject, payload, reply=prefix + token, headers=headers)
+                except (nats.errors.Error, OSError) as err:
+                    # Not published: neither this one nor those after it went out.
+                    del futures[token]
+                    del self._waiting[token]
+                    future.cancel()
+                    failed = err
+                    break
             if futures:
                 await asyncio.wait(futures.values(), timeout=timeout)
         finally:
-            for token in futures:
+            for token, future in futures.items():
                 self._waiting.pop(token, None)
+                if not future.done():
+                    future.cancel()  # gives its room back
         out = [_result(f) for f in futures.values()]
         return out + [failed or TimeoutError("nats: not published")] * (len(messages) - len(out))
 
