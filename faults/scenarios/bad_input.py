@@ -18,7 +18,7 @@ import time
 from faults import check
 from faults.badinput import READ_STATES, draw_inputs, pure_run
 from faults.bus import raw
-from faults.mesh import ROUTER, extra_states, final_changes, random_changes
+from faults.mesh import ROUTER, Change, extra_states, final_changes, random_changes
 from faults.twin import Params, Run, Twin, finish
 from mesh_provisioner.samples import sample_mesh
 
@@ -40,6 +40,16 @@ def run(p: Params) -> Run:
     good: dict[tuple[str, str], bytes | None] = {}
     for states in (sample_mesh(), extra_states()):
         good.update({(state, key): value for state, values in states.items() for key, value in values.items()})
+    try:
+        live(p, out, bad, good_changes, good)
+    except Exception as err:  # the pure share's figures stay with the run
+        out.lost.append(f"the live share could not finish: {type(err).__name__}: {err}")
+    return out
+
+
+def live(p: Params, out: Run, bad: list[tuple[str, str, bytes]], good_changes: list[Change],
+         good: dict[tuple[str, str], bytes | None]) -> None:
+    """The live share: bad values into the disturbed bus during the good changes, then given back; every check."""
     touched: set[tuple[str, str]] = set()
     with check.watching_errors() as errors, Twin(p.work, max_payload=MAX_PAYLOAD) as twin:
         for bus in (twin.disturbed, twin.reference):
@@ -80,4 +90,3 @@ def run(p: Params) -> Run:
         finish(out, twin, settled=sup.wait_settled, answers=lambda: check.composes(sup), errors=errors)
         out.figures.update(live_inputs=out.faults, keys_touched=len(touched),
                            failed_writes=sup.store.counts()["failed writes"])
-    return out

@@ -31,6 +31,7 @@ from mesh_provisioner.rules.view import ASK_RECORDS, PLACEMENT, WANTS
 NAME = "warrants"
 FAULTS = "forged or replayed answers to retiring asks"
 CHANGES = 120
+GOOD_CHANGES = 60
 RETIRED = ("webapp", "mailer")
 
 Forge = Callable[[str, str, str, str], bytes]
@@ -146,5 +147,3 @@ def run(p: Params) -> Run:
         out.figures.update(retiring_keys=len(keys), forged_by_kind={k: v for k, v in refused.items() if v})
     return out
 
-
-GOOD_CHANGES = 60
