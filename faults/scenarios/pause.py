@@ -2,10 +2,11 @@
 
 The disturbed seat is a `mesh_provisioner.seat.Seat` serving as `serve` does, holding a short lease (2 s). While the
 stream of changes goes on, its server is frozen for one and a half lease times: the holder cannot renew, so it must
-stop writing at once (its connection is spied on: no write of its states may go out while it does not hold the
-lease) and go back to waiting; once the server runs again the lease has aged out, the seat takes it again, starts
-its actors anew and resynchronises from the bus. Changes written during the pause reach the server when it runs
-again.
+stop writing at once (its connection is spied on: no write of its states may go out past the lease the bus last
+granted it) and, as a rule, go back to waiting; once the server runs again the lease has aged out, the seat takes it
+again, starts its actors anew and resynchronises from the bus. Changes written during the pause reach the server
+when it runs again. How many times the seat held the lease is a figure, not a check: a renewal that reaches the
+server before it has aged the key out finds the lease still its own.
 """
 
 from __future__ import annotations
@@ -42,7 +43,26 @@ def run(p: Params) -> Run:
         server = twin.server
         config = twin.disturbed_config(lease_seconds=LEASE)
         seat = Seat(config, on_hold=lambda sup: holds.append((time.monotonic(), sup)))
-        cas = CasSpy(held=lambda: seat.lease.held)
+        # The lease as the bus grants it: from the moment a take or renewal that succeeded was asked, for the lease
+        # time (the key's max age runs from a later write). A write sent past that could race a standby's.
+        granted = [0.0]
+        take, renew = seat.lease.take, seat.lease.renew
+
+        async def taken() -> bool:
+            asked = time.monotonic()
+            ok = await take()
+            granted[0] = asked if ok else granted[0]
+            return ok
+
+        async def renewed() -> bool:
+            asked = time.monotonic()
+            ok = await renew()
+            granted[0] = asked if ok else granted[0]
+            return ok
+
+        seat.lease.take = taken  # type: ignore[method-assign]
+        seat.lease.renew = renewed  # type: ignore[method-assign]
+        cas = CasSpy(held=lambda: time.monotonic() < granted[0] + LEASE)
         cas.wrap(seat.nc)
         stop = threading.Event()
         serving = threading.Thread(target=seat.serve, args=(stop,), name="faults-seat", daemon=True)
@@ -90,11 +110,10 @@ def run(p: Params) -> Run:
                 return sup is not None and sup.wait_settled(max(deadline - time.monotonic(), 1))
 
             def stepped_down() -> list[str]:
-                problems = []
-                if held() != out.faults + 1:
-                    problems.append(f"the seat held the lease {held()} times over {out.faults} pauses longer than "
-                                    f"the lease (it must give it up at each and take it again)")
-                return problems + cas.problems()
+                # The seat must stop writing while it may not hold the lease, and write again once it holds it:
+                # the spy and the final checks say both. It need not give the lease up at each pause: a renewal
+                # that reaches a server which has not yet aged the key out finds it still its own.
+                return cas.problems()
 
             finish(out, twin, settled=settled, seat=lambda: seat.supervisor,
                    answers=lambda: check.verb_answers(twin.disturbed.url),
