@@ -14,6 +14,7 @@ import json
 import logging
 import platform
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -101,6 +102,8 @@ def nats_version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the scenarios asked for; 0 when nothing was lost."""
     args = parser().parse_args(argv)
+    # Stopped from outside, the runner still stops the servers it started (each run's context managers close them).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     log.setLevel(logging.INFO)
