@@ -1,8 +1,14 @@
-"""The figures as markdown, written from the runner's JSON: one table to take in at a glance, then each run."""
+"""The figures as markdown, written from the runner's JSON: one table to take in at a glance, then each run.
+
+`python -m faults.report FIGURES.json > RELIABILITY.md` writes it again from a JSON the runner wrote.
+"""
 
 from __future__ import annotations
 
+import json
 import statistics
+import sys
+from pathlib import Path
 from typing import Any
 
 LONG_COMMAND = (
@@ -67,7 +73,7 @@ def render(data: dict[str, Any]) -> str:
         "",
         "## Running it again",
         "",
-        "The long version, which wrote this file (about twenty-five minutes on two cores):",
+        "The long version, which wrote this file (about a quarter of an hour on two cores):",
         "",
         "```sh",
         LONG_COMMAND,
@@ -94,3 +100,7 @@ def render(data: dict[str, Any]) -> str:
             lines += [f"  - error escaped: {what}" for what in run.get("errors", [])[:10]]
         lines.append("")
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render(json.loads(Path(sys.argv[1]).read_text())))
