@@ -237,7 +237,7 @@ class Store:
                 applied.error = applied.error or str(err)
                 log.info("%s", err)
                 continue
-            except (nats.errors.Error, TimeoutError, OSError) as err:
+            except (nats.errors.Error, TimeoutError, OSError, Refused) as err:
                 self.errors += 1
                 self._buckets.pop(write.state, None)  # open it again next time: it may have been deleted
                 why = f"{_what(write)} failed: {type(err).__name__}: {err}".rstrip(": ")
@@ -297,6 +297,10 @@ class Store:
             )
         if isinstance(write, Put) and write.revision == 0:
             marker = await self._deleted_at(write)
+            # Made again only with the lease: the answer and the marker were waited for (contract 8).
+            barred = self.guard() if self.guard is not None else ""
+            if marker and barred:
+                raise Refused(f"{_what(write)} is not made again on its delete marker: {barred}")
             if marker:
                 return await self._make(Put(write.state, write.key, write.value, marker))
         raise Conflict(f"{_what(write)} conflicts: the key is no longer at that revision")

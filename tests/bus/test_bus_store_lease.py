@@ -15,7 +15,7 @@ from nats.aio.client import Client
 from mesh_provisioner.bus.connection import SEAT_STATES, ensure_buckets
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.store import Store
-from mesh_provisioner.messages.writes import Put
+from mesh_provisioner.messages.writes import Delete, Put
 from mesh_provisioner.rules.view import PLANS, REFUSED
 
 
@@ -39,3 +39,28 @@ def test_a_lease_lapsed_while_the_batch_was_made_stops_it(
     assert applied.done == []
     assert "does not hold the seat's lease" in applied.error
     assert store.writes == 0
+
+
+def test_a_create_made_again_on_a_delete_marker_asks_the_guard_again(
+    loop: EventLoopThread, nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A create of a deleted key is refused by JetStream and made again on the delete marker's revision, after its
+    # answer and the marker were waited for (seconds on a frozen server): found by the runner's pause scenario.
+    loop.run(ensure_buckets(nc.jetstream(), SEAT_STATES), 10)
+    store = Store(nc)
+    made = loop.run(store.apply([Put(REFUSED, "bee.webapp", b"{}", 0)]), 10)
+    ((_, revision),) = made.done
+    assert loop.run(store.apply([Delete(REFUSED, "bee.webapp", revision)]), 10).ok
+    held = [True]
+    store.guard = lambda: "" if held[0] else "this process does not hold the seat's lease"
+    real = Store._deleted_at
+
+    async def marker_found_late(self: Store, write: Any) -> int:
+        found = await real(self, write)
+        held[0] = False  # the lease lapsed while the answer and the marker were waited for
+        return found
+
+    monkeypatch.setattr(Store, "_deleted_at", marker_found_late)
+    applied = loop.run(store.apply([Put(REFUSED, "bee.webapp", b'{"why": "again"}', 0)]), 10)
+    assert applied.done == []
+    assert "does not hold the seat's lease" in applied.error
