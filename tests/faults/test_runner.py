@@ -1,0 +1,103 @@
+"""The runner's command line, its JSON and the markdown written from it, and the checks it ends every scenario with
+(each must find what it looks for: a check that cannot fail proves nothing)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from faults import check
+from faults.bus import Bus
+from faults.report import LONG_COMMAND, render
+from faults.twin import Twin
+from mesh_provisioner.actors import node as node_actor
+from mesh_provisioner.rules.view import PLACEMENT
+
+ROOT = Path(__file__).parents[2]
+
+
+def test_the_runner_writes_json_and_the_markdown_from_it(tmp_path: Path) -> None:
+    figures, markdown = tmp_path / "figures.json", tmp_path / "RELIABILITY.md"
+    done = subprocess.run(
+        [sys.executable, "-m", "faults", "--scenario", "storm", "--seed", "7", "--runs", "2", "--count", "300",
+         "--json", str(figures), "--markdown", str(markdown)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(figures.read_text())
+    runs = data["scenarios"]["storm"]["runs"]
+    assert [run["seed"] for run in runs] == [7, 8]
+    assert all(run["changes"] == 300 and run["lost"] == [] and run["errors"] == [] for run in runs)
+    assert markdown.read_text() == render(data)
+    assert "| storm | 1 storm of a provider's bound entries" in markdown.read_text()
+
+
+def test_an_unknown_scenario_is_refused() -> None:
+    done = subprocess.run([sys.executable, "-m", "faults", "--scenario", "nope"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "no scenario is named nope" in done.stderr
+
+
+def test_the_reliability_figures_are_the_runners_markdown_of_its_json() -> None:
+    data = json.loads((ROOT / "docs" / "reliability.json").read_text())
+    assert (ROOT / "docs" / "RELIABILITY.md").read_text() == render(data)
+    assert LONG_COMMAND in (ROOT / "docs" / "RELIABILITY.md").read_text()
+    assert set(data["scenarios"]) == {"kills", "restarts", "pause", "sigkill", "cluster", "storm", "bad-input",
+                                      "warrants"}
+
+
+@pytest.fixture
+def twin(tmp_path: Path) -> Iterator[Twin]:
+    with Twin(tmp_path) as t:
+        yield t
+
+
+def test_the_checks_find_a_difference_an_unfixed_point_and_an_escaped_error(
+    twin: Twin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sup = twin.start_disturbed()
+    assert check.same(twin.disturbed, twin.reference)[1] == []
+    assert check.fixed_point(twin.disturbed, twin.disturbed_config()) == []
+    # A change on one bus only: the plans differ.
+    twin.disturbed.put(PLACEMENT, "cat", {"node": "cat", "modules": [{"module": "keycloak"}]})
+    assert sup.wait_settled(30)
+    assert any(p.startswith("plan cat.keycloak differs") for p in check.same(twin.disturbed, twin.reference)[1])
+    # A seat that missed a change (its actors stopped before it came) leaves the bus off its fixed point.
+    sup.stop()
+    twin.sup = None
+    twin.disturbed.put(PLACEMENT, "cat", {"node": "cat", "modules": []})
+    assert any("not at a fixed point" in p for p in check.fixed_point(twin.disturbed, twin.disturbed_config()))
+    # A kill is deliberate; an exception out of a composition is not.
+    with check.watching_errors() as errors:
+        sup = twin.start_disturbed()
+        sup.kill("node:ace")
+        assert sup.wait_settled(30)
+        assert errors.kills >= 1 and errors.problems() == []
+        failed = threading.Event()
+
+        def broken(*_: object) -> None:
+            failed.set()
+            raise RuntimeError("a bug in a composition")
+
+        monkeypatch.setattr(node_actor, "compose_node", broken)
+        twin.disturbed.put(PLACEMENT, "bee", {"node": "bee", "modules": [{"module": "mailer"}]})
+        assert failed.wait(30)
+        monkeypatch.undo()
+        assert sup.wait_settled(30)
+    assert any("a bug in a composition" in p for p in errors.problems())
+
+
+def test_asked_once_finds_an_ask_under_another_id(twin: Twin) -> None:
+    bus: Bus = twin.reference  # its seat has published the sample's retiring key's ask
+    asks = bus.asks_published()
+    assert asks and check.asked_once(bus)[1] == []
+    msg_id, ask = asks[0]
+    bus.publish("asks.ask.mesh-provisioner", json.dumps({"id": ask.id, "about": ask.about}).encode(),
+                headers={"Nats-Msg-Id": msg_id + "-again"})
+    assert any("went out under the message id" in p for p in check.asked_once(bus)[1])
