@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
@@ -11,6 +10,7 @@ from typing import TypeVar
 import nats
 import nats.js.errors
 
+from faults.bus import until
 from mesh_provisioner.bus.embedded import EmbeddedServer, free_port
 from mesh_provisioner.rules.view import bucket
 
@@ -20,14 +20,11 @@ __all__ = ["NatsServer", "free_port", "seed_buckets", "seed_buckets_async", "wai
 
 def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.01, what: str = "") -> T:
     """Poll `predicate` until it answers something true and answer that; fail the test past `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"not within {timeout} s: {what or getattr(predicate, '__qualname__', predicate)}")
-        time.sleep(interval)
+    try:
+        value: T = until(predicate, timeout, interval, what)
+    except TimeoutError as err:
+        raise AssertionError(str(err)) from None
+    return value
 
 
 async def seed_buckets_async(url: str, states: Iterable[str], *, history: int = 1) -> list[str]:
