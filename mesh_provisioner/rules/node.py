@@ -8,7 +8,7 @@ operator is asked (5.4).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 
 import msgspec
@@ -19,7 +19,7 @@ from mesh_provisioner.rules import keys as k
 from mesh_provisioner.rules.compose import CannotCompose, Memo, compose
 from mesh_provisioner.rules.judge import outcome
 from mesh_provisioner.rules.retire import raise_ask, retired
-from mesh_provisioner.rules.view import HAVE, PLANS, PROVISIONS, REFUSED, WANTS, View
+from mesh_provisioner.rules.view import HAVE, PLANS, PROVISIONS, REFUSED, WANTS, Entry, View
 from mesh_provisioner.rules.writing import Writes, provision_of, same, utc
 
 
@@ -44,15 +44,7 @@ def wanted_on(view: View, node: str, problems: list[str]) -> tuple[dict[str, str
     """
     wanted: dict[str, str] = {}
     unreadable: dict[str, str] = {}
-    for key in view.keys(WANTS, node):
-        try:
-            _, module = k.parse_want_key(key)
-        except k.BadKey as err:
-            problems.append(f"the want {key} is ignored: {err}")
-            continue
-        e = view.get(WANTS, key)
-        if e is None:
-            continue
+    for module, e in _entries_by_module(view, WANTS, node, k.parse_want_key, "want", problems):
         want = e.get(r.Want)
         if want is None:
             unreadable[module] = f"its want cannot be read: {e.error}"
@@ -67,17 +59,26 @@ def running_on(view: View, node: str, problems: list[str]) -> dict[str, str]:
     A have key that is not made of tokens names no module: it is said in problems (section 7).
     """
     out: dict[str, str] = {}
-    for key in view.keys(HAVE, node):
-        try:
-            _, module = k.parse_have_key(key)
-        except k.BadKey as err:
-            problems.append(f"the have {key} is ignored: {err}")
-            continue
-        e = view.get(HAVE, key)
-        have = e.get(r.Have) if e is not None else None
+    for module, e in _entries_by_module(view, HAVE, node, k.parse_have_key, "have", problems):
+        have = e.get(r.Have)
         if module and have is not None and have.fp:
             out[module] = have.fp
     return out
+
+
+def _entries_by_module(
+    view: View, state: str, node: str, parse: Callable[[str], tuple[str, str]], what: str, problems: list[str]
+) -> Iterator[tuple[str, Entry]]:
+    """Each key of a node's want or have with the module it names; a key not made of tokens is said in problems."""
+    for key in view.keys(state, node):
+        try:
+            _, module = parse(key)
+        except k.BadKey as err:
+            problems.append(f"the {what} {key} is ignored: {err}")
+            continue
+        e = view.get(state, key)
+        if e is not None:
+            yield module, e
 
 
 def vault_node(view: View) -> str:
