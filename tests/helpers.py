@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import urlparse
 
 import nats
 import nats.js.errors
@@ -15,7 +17,7 @@ from mesh_provisioner.bus.embedded import EmbeddedServer, free_port
 from mesh_provisioner.rules.view import bucket
 
 T = TypeVar("T")
-__all__ = ["NatsServer", "free_port", "seed_buckets", "seed_buckets_async", "wait_until"]
+__all__ = ["NatsServer", "free_port", "raw_publish", "seed_buckets", "seed_buckets_async", "wait_until"]
 
 
 def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.01, what: str = "") -> T:
@@ -47,6 +49,23 @@ async def seed_buckets_async(url: str, states: Iterable[str], *, history: int = 
 def seed_buckets(url: str, states: Iterable[str], *, history: int = 1) -> list[str]:
     """`seed_buckets_async` from a thread that runs no loop (a test's own)."""
     return asyncio.run(seed_buckets_async(url, states, history=history))
+
+
+def raw_publish(url: str, subject: bytes, payload: bytes, timeout: float = 10.0) -> None:
+    """Publish with the subject's bytes as they are, as a client in any language may (nats-py sends a str's UTF-8);
+    answers once the server has read it (its PONG to the PING after it)."""
+    where = urlparse(url)
+    with socket.create_connection((where.hostname or "127.0.0.1", where.port or 4222), timeout=timeout) as s:
+        s.recv(4096)  # the server's INFO
+        s.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\nPUB ' + subject + b" %d\r\n" % len(payload)
+                  + payload + b"\r\nPING\r\n")
+        answer = b""
+        while b"PONG" not in answer and b"-ERR" not in answer:
+            more = s.recv(4096)
+            if not more:
+                break
+            answer += more
+    assert b"PONG" in answer, f"the server did not take the publish: {answer!r}"
 
 
 class NatsServer(EmbeddedServer):

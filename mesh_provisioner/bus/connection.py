@@ -5,6 +5,10 @@ layer keeps beside a client (`Link`: its count of requests, and who listens for 
 the host made too: `link(nc)` makes it on first use, and a host that made its own client calls
 `link(nc).reconnected()` from its own reconnected callback.
 
+Whatever another module writes reaches the client as the subject of a message (a key is a subject), so the bus
+layer reads every subject as the NATS protocol defines it, never taking the connection down over one (contract
+section 7): see `_PROTOCOL_MSG` and `Link`.
+
 `ensure_buckets` creates the key-value buckets of the seat's own states (contract section 4) when they are
 missing. The buckets the seat reads (section 2) belong to other modules and are never created here: a missing one
 is waited for (see `cache.py`).
@@ -13,12 +17,14 @@ is waited for (see `cache.py`).
 from __future__ import annotations
 
 import logging
+import re
 import ssl
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
 import nats.js.errors
+import nats.protocol.parser
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
@@ -36,6 +42,21 @@ LEASE_SECONDS: Final = 15.0
 
 _STREAM_NAME_IN_USE: Final = 10058  # JSStreamNameExistErr: someone created the bucket first
 
+# nats-py parses a message's control line with `\s` between its fields, but the protocol's delimiters are space and
+# tab only: the server takes a subject with a vertical tab or a form feed in it (a key another module wrote), and
+# nats-py then cannot parse the line that delivers it. It reconnects, or, with 4 KB or more behind the line, waits for
+# bytes that never make it parse; each reconnect's watch delivers the key again, and a reconnect retried while the
+# parser is stuck leaves two coroutines reading one stream ("read() called while another coroutine is already
+# waiting"): the connection is lost for good. These are nats-py's patterns with the protocol's delimiters; they are
+# module globals of nats-py's parser, so they hold for every client of the process.
+_FIELD: Final = rb"([^ \t\r\n]+)"
+_PROTOCOL_MSG: Final = re.compile(rb"\AMSG[ \t]+" + _FIELD + rb"[ \t]+" + _FIELD + rb"[ \t]+(" + _FIELD
+                                  + rb"[ \t]+)?(\d+)\r\n")
+_PROTOCOL_HMSG: Final = re.compile(rb"\AHMSG[ \t]+" + _FIELD + rb"[ \t]+" + _FIELD + rb"[ \t]+(" + _FIELD
+                                   + rb"[ \t]+)?(\d+)[ \t]+(\d+)\r\n")
+nats.protocol.parser.MSG_RE = _PROTOCOL_MSG
+nats.protocol.parser.HMSG_RE = _PROTOCOL_HMSG
+
 
 def stream_of(state: str) -> str:
     """The JetStream stream that holds a state's bucket: `KV_<bucket>`."""
@@ -46,7 +67,8 @@ class Link:
     """What the bus layer keeps beside one NATS client: how many requests went out, and who hears reconnects."""
 
     def __init__(self, nc: Client) -> None:
-        """Start counting the client's requests (every JetStream call is one) and keep no listener yet."""
+        """Start counting the client's requests (every JetStream call is one), read a subject that is not UTF-8, and
+        keep no listener yet."""
         self.requests = 0
         self.reconnects = 0
         self._listeners: list[Callable[[], None]] = []
@@ -57,6 +79,19 @@ class Link:
             return await request(*args, **kwargs)
 
         nc.request = counted  # type: ignore[method-assign]
+        build = nc._build_message
+
+        def readable(sid: int, subject: bytes, reply: bytes, data: bytes, headers: dict[str, str] | None) -> Any:
+            try:
+                return build(sid, subject, reply, data, headers)
+            except UnicodeDecodeError:
+                # The server takes a subject that is not UTF-8 (a key another module wrote as raw bytes); nats-py's
+                # read loop would end on it for good, with the client still counted connected. Read with its bad
+                # bytes replaced, the key is no token and is named as bad input where it is read (section 7).
+                log.warning("a message on subject %r is not UTF-8: read with its bad bytes replaced", subject[:300])
+                return build(sid, _replaced(subject), _replaced(reply), data, headers)
+
+        nc._build_message = readable  # type: ignore[method-assign]
 
     def on_reconnected(self, listener: Callable[[], None]) -> None:
         """Call `listener` on the loop after each reconnect; it must not block (it may start a task)."""
@@ -75,6 +110,11 @@ class Link:
                 listener()
             except Exception:
                 log.exception("a reconnect listener failed")
+
+
+def _replaced(raw: bytes) -> bytes:
+    """UTF-8 bytes of what `raw` says, each byte that is not UTF-8 made U+FFFD."""
+    return raw.decode("utf-8", "replace").encode()
 
 
 _links: weakref.WeakKeyDictionary[Client, Link] = weakref.WeakKeyDictionary()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from helpers import wait_until
+import pytest
+from helpers import NatsServer, raw_publish, wait_until
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 
 from mesh_provisioner.bus.connection import LEASE_SECONDS, SEAT_STATES, ensure_buckets, link
 from mesh_provisioner.bus.loop import EventLoopThread
@@ -37,3 +39,25 @@ def test_link_counts_requests_and_tells_reconnect_listeners(loop: EventLoopThrea
     tie.on_reconnected(lambda: told.append(1))
     loop.run(tie.reconnected(), 5)
     wait_until(lambda: told == [1])
+
+
+@pytest.mark.parametrize("subject", [b"x.a\x0bb", b"x.a\x0cb", b"x.a\xff\xfeb"], ids=["vertical tab", "form feed",
+                                                                                        "not utf-8"])
+def test_a_subject_nats_py_could_not_parse_is_delivered_and_the_connection_stays(
+    loop: EventLoopThread, nc: Client, nats_server: NatsServer, subject: bytes
+) -> None:
+    # The server takes these subjects (its delimiters are space and tab). nats-py's parser split the line at the
+    # vertical tab or form feed and, with 4 KB and more behind it, waited for ever; a subject not UTF-8 ended its read
+    # loop. Either way the client read nothing more, and still counted itself connected.
+    got: list[str] = []
+
+    async def keep(msg: Msg) -> None:
+        got.append(msg.subject)
+
+    loop.run(nc.subscribe("x.>", cb=keep), 5)
+    loop.run(nc.flush(), 5)
+    raw_publish(nats_server.url, subject, b"y" * 5000)
+    raw_publish(nats_server.url, b"x.after", b"ok")
+    wait_until(lambda: len(got) == 2, what="both messages delivered")
+    assert got[0] == subject.decode("utf-8", "replace") and got[1] == "x.after"
+    assert link(nc).reconnects == 0 and nc.is_connected
