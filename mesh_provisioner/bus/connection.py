@@ -16,6 +16,7 @@ is waited for (see `cache.py`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import ssl
@@ -72,6 +73,8 @@ class Link:
         self.requests = 0
         self.reconnects = 0
         self._listeners: list[Callable[[], None]] = []
+        self._nc = weakref.ref(nc)
+        self._reviving: set[asyncio.Task[None]] = set()
         request = nc.request
 
         async def counted(*args: Any, **kwargs: Any) -> Msg:
@@ -102,9 +105,34 @@ class Link:
         if listener in self._listeners:
             self._listeners.remove(listener)
 
+    def watch_reader(self) -> None:
+        """Make a new connection should the client's current read loop end while the client counts itself connected.
+
+        Runs on the loop, after each connect and reconnect (`reconnected` does it).
+        """
+        nc = self._nc()
+        reader = nc._reading_task if nc is not None else None
+        if reader is not None:
+            reader.remove_done_callback(self._reader_ended)
+            reader.add_done_callback(self._reader_ended)
+
+    def _reader_ended(self, reader: asyncio.Task[None]) -> None:
+        # nats-py's read loop ends on a reconnect or a close, the client then no longer connected. One that ends while
+        # the client counts itself connected met an error nats-py did not foresee (such as "read() called while
+        # another coroutine is already waiting"): nats-py logs it and stops reading, and its client neither reads nor
+        # reconnects again. A new connection is made instead; the watches resynchronise after it as after any.
+        nc = self._nc()
+        if nc is None or reader is not nc._reading_task or not nc.is_connected:
+            return
+        log.warning("the NATS client stopped reading while connected (nats-py logged why); making a new connection")
+        task = asyncio.get_running_loop().create_task(nc.force_reconnect())
+        self._reviving.add(task)
+        task.add_done_callback(self._reviving.discard)
+
     async def reconnected(self) -> None:
         """Tell every listener the client is connected again; a listener that raises is logged and skipped."""
         self.reconnects += 1
+        self.watch_reader()
         for listener in list(self._listeners):
             try:
                 listener()
@@ -175,6 +203,7 @@ async def connect(servers: list[str], **options: Any) -> Client:
         error_cb=error,
         **options,
     )
+    tie.watch_reader()
     log.info("connected to NATS at %s", nc.connected_url.netloc if nc.connected_url else servers)
     return nc
 

@@ -61,3 +61,28 @@ def test_a_subject_nats_py_could_not_parse_is_delivered_and_the_connection_stays
     wait_until(lambda: len(got) == 2, what="both messages delivered")
     assert got[0] == subject.decode("utf-8", "replace") and got[1] == "x.after"
     assert link(nc).reconnects == 0 and nc.is_connected
+
+
+def test_a_read_loop_that_ends_while_connected_is_replaced_by_a_new_connection(
+    loop: EventLoopThread, nc: Client, other: Client
+) -> None:
+    # nats-py's read loop ends on an error it did not foresee (as "read() called while another coroutine is already
+    # waiting for incoming data") without reconnecting: its client counted itself connected and read nothing more.
+    got: list[bytes] = []
+
+    async def keep(msg: Msg) -> None:
+        got.append(msg.data)
+
+    loop.run(nc.subscribe("x.>", cb=keep), 5)
+    loop.run(nc.flush(), 5)
+    parse = nc._ps.parse
+
+    async def fails_once(data: bytes = b"") -> None:
+        nc._ps.parse = parse  # type: ignore[method-assign]
+        raise RuntimeError("read() called while another coroutine is already waiting for incoming data")
+
+    nc._ps.parse = fails_once  # type: ignore[method-assign]
+    loop.run(other.publish("x.lost", b"lost"), 5)
+    wait_until(lambda: link(nc).reconnects == 1, 15, what="a new connection")
+    loop.run(other.publish("x.after", b"after"), 5)
+    wait_until(lambda: b"after" in got, what="a message after the new connection")
