@@ -452,7 +452,10 @@ class Supervisor:
             left = deadline - time.monotonic()
             if not self.in_flight.wait_idle(max(left, 0)):
                 return False
-            caught_up = self.loop.run(self.cache.caught_up(), max(deadline - time.monotonic(), 0.1))
+            try:
+                caught_up = self.loop.run(self.cache.caught_up(), max(deadline - time.monotonic(), 0.1))
+            except TimeoutError:
+                return False  # the bus did not answer by the deadline (a paused or dead server): not settled
             calm = calm + 1 if caught_up and self.in_flight.total() == 0 else 0
             if calm >= 2:
                 return True
