@@ -15,7 +15,7 @@ from typing import Final, NamedTuple
 
 import msgspec
 
-from mesh_provisioner.bus.connection import connect_options
+from mesh_provisioner.bus.connection import closed_for_good, connect_options
 from mesh_provisioner.bus.embedded import EmbeddedServer
 from mesh_provisioner.bus.loader import load_states, router_stream
 from mesh_provisioner.bus.loop import EventLoopThread
@@ -134,7 +134,7 @@ def reconcile(config: Config, timeout: float) -> int:
     seat = Seat(config)
     try:
         if not seat.take(threading.Event(), timeout):
-            log.error("another process holds the seat's lease; nothing is reconciled")
+            log.error("%s; nothing is reconciled", closed_for_good(seat.nc) or "another process holds the seat's lease")
             return 2
         sup = Supervisor.start(config, nc=seat.nc, loop=seat.loop.loop, guard=seat.lease.guard)
         try:

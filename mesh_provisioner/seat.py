@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from nats.aio.client import Client
 
-from mesh_provisioner.bus.connection import connect_config, ensure_buckets
+from mesh_provisioner.bus.connection import closed_for_good, connect_config, ensure_buckets
 from mesh_provisioner.bus.lease import SeatLease
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.verb import serve_verb
@@ -44,11 +44,12 @@ class Seat:
             self.http = HttpEndpoint(config.metrics_addr, self.metrics.registry, healthy=self.healthy, ready=self.ready)
 
     def healthy(self) -> str:
-        """Why this process is not alive and well ("" when it is): its supervisor gave up."""
+        """Why this process is not alive and well ("" when it is): its supervisor gave up, or its connection is closed
+        for good (a standby's too: it would wait for the lease for ever)."""
         sup = self.supervisor
         if sup is not None and sup.failed.done() and sup.failed.result():
             return sup.failed.result()
-        return ""
+        return closed_for_good(self.nc)
 
     def ready(self) -> str:
         """Why this process is not doing the seat's work ("" when it is): the lease held and the cache synced."""
@@ -60,11 +61,12 @@ class Seat:
         return ""
 
     def take(self, stop: threading.Event, timeout: float | None = None) -> bool:
-        """Wait until this process holds the lease (True), or stop is set or the timeout passes (False)."""
+        """Wait until this process holds the lease (True), or stop is set, the timeout passes or the connection is
+        closed for good (False)."""
         waited = 0.0
         every = self.config.lease_seconds / 5
         announced = False
-        while not stop.is_set():
+        while not stop.is_set() and not closed_for_good(self.nc):
             try:
                 if self.loop.run(self.lease.take(), self.config.request_timeout):
                     return True
@@ -109,7 +111,8 @@ class Seat:
         return why, gave_up
 
     def serve(self, stop: threading.Event) -> int:
-        """Hold the seat whenever this process can, until stop is set; 1 when the supervisor gave up."""
+        """Hold the seat whenever this process can, until stop is set; 1 when the supervisor gave up or the
+        connection is closed for good."""
         try:
             while not stop.is_set():
                 if not self.take(stop):
@@ -120,6 +123,11 @@ class Seat:
                     return 1
                 if why:
                     log.warning("%s: back to waiting for the seat", why)
+            lost = closed_for_good(self.nc)
+            if lost:
+                # Nothing brings a closed connection back: a process that stays would never hold the seat again.
+                log.error("%s", lost)
+                return 1
             return 0
         finally:
             self.close()

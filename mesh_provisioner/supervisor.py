@@ -32,7 +32,7 @@ from mesh_provisioner.actors.bound import BoundActor
 from mesh_provisioner.actors.node import NodeActor
 from mesh_provisioner.bus.asks import Asks
 from mesh_provisioner.bus.cache import Cache
-from mesh_provisioner.bus.connection import connect_config, ensure_buckets
+from mesh_provisioner.bus.connection import closed_for_good, connect_config, ensure_buckets, link
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.store import Applied, Store
 from mesh_provisioner.config import Config
@@ -112,6 +112,7 @@ class Supervisor:
         # It answers only its router: a warrant is taken only with its valid signature.
         self._verify = make_verify(config.router_key) if config.router_key else None
         self._subs: list[Subscription] = []  # on the connection, for the router: dropped when this stops
+        link(nc).on_closed(self._connection_closed)
         self.ref = _SupervisorActor.start(self)
 
     # ---- starting and stopping ------------------------------------------------------------------------------
@@ -230,6 +231,7 @@ class Supervisor:
                 ref.stop(block=True, timeout=timeout)
         if self.ref.is_alive():
             self.ref.stop(block=False)
+        link(self.nc).remove_listener(self._connection_closed)
         try:
             self.loop.run(self.cache.stop(), timeout)
             if self.owns_nc:
@@ -411,6 +413,15 @@ class Supervisor:
         if restarted:
             self._resync(name)
         self.in_flight.done("restart:" + name)
+
+    def _connection_closed(self) -> None:
+        """The connection is closed for good, and not by this supervisor's stop: no write can land and no change
+        come any more, so the supervisor fails as past its restart intensity, and its owner is told why."""
+        if self._stopping:
+            return
+        why = f"{closed_for_good(self.nc) or 'the NATS connection is closed for good'}; the supervisor stops"
+        log.error("%s", why)
+        threading.Thread(target=self._fail, args=(why,), daemon=True).start()
 
     def _fail(self, why: str) -> None:
         """Past the restart intensity: stop every child, then tell the owner why (a plain stop would say "")."""

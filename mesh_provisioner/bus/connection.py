@@ -3,7 +3,7 @@
 `connect` makes a client that never gives up on the server and logs each disconnect and reconnect. What the bus
 layer keeps beside a client (`Link`: its count of requests, and who listens for reconnects) works for a client
 the host made too: `link(nc)` makes it on first use, and a host that made its own client calls
-`link(nc).reconnected()` from its own reconnected callback.
+`link(nc).reconnected()` from its own reconnected callback, and `link(nc).closed()` from its closed one.
 
 Whatever another module writes reaches the client as the subject of a message (a key is a subject), so the bus
 layer reads every subject as the NATS protocol defines it, never taking the connection down over one (contract
@@ -65,7 +65,8 @@ def stream_of(state: str) -> str:
 
 
 class Link:
-    """What the bus layer keeps beside one NATS client: how many requests went out, and who hears reconnects."""
+    """What the bus layer keeps beside one NATS client: how many requests went out, and who hears it reconnect or
+    close."""
 
     def __init__(self, nc: Client) -> None:
         """Start counting the client's requests (every JetStream call is one), read a subject that is not UTF-8, and
@@ -73,6 +74,7 @@ class Link:
         self.requests = 0
         self.reconnects = 0
         self._listeners: list[Callable[[], None]] = []
+        self._closed_listeners: list[Callable[[], None]] = []
         self._nc = weakref.ref(nc)
         self._reviving: set[asyncio.Task[None]] = set()
         request = nc.request
@@ -100,10 +102,15 @@ class Link:
         """Call `listener` on the loop after each reconnect; it must not block (it may start a task)."""
         self._listeners.append(listener)
 
+    def on_closed(self, listener: Callable[[], None]) -> None:
+        """Call `listener` on the loop once the client is closed for good; it must not block (it may start a thread)."""
+        self._closed_listeners.append(listener)
+
     def remove_listener(self, listener: Callable[[], None]) -> None:
-        """Stop calling a listener; one that was never added is ignored."""
-        if listener in self._listeners:
-            self._listeners.remove(listener)
+        """Stop calling a listener (of reconnects or of the close); one that was never added is ignored."""
+        for listeners in (self._listeners, self._closed_listeners):
+            if listener in listeners:
+                listeners.remove(listener)
 
     def watch_reader(self) -> None:
         """Make a new connection should the client's current read loop end while the client counts itself connected.
@@ -133,16 +140,34 @@ class Link:
         """Tell every listener the client is connected again; a listener that raises is logged and skipped."""
         self.reconnects += 1
         self.watch_reader()
-        for listener in list(self._listeners):
-            try:
-                listener()
-            except Exception:
-                log.exception("a reconnect listener failed")
+        _tell(self._listeners, "a reconnect listener failed")
+
+    async def closed(self) -> None:
+        """Tell every listener the client is closed for good; a listener that raises is logged and skipped."""
+        _tell(self._closed_listeners, "a close listener failed")
+
+
+def _tell(listeners: list[Callable[[], None]], failed: str) -> None:
+    """Call each listener; one that raises is logged with `failed` and skipped."""
+    for listener in list(listeners):
+        try:
+            listener()
+        except Exception:
+            log.exception("%s", failed)
 
 
 def _replaced(raw: bytes) -> bytes:
     """UTF-8 bytes of what `raw` says, each byte that is not UTF-8 made U+FFFD."""
     return raw.decode("utf-8", "replace").encode()
+
+
+def closed_for_good(nc: Client) -> str:
+    """Why a client will not connect again ("" while it may): it is closed, by nats-py (on a server's error it takes
+    as final, such as a control line too long) or by whoever holds it."""
+    if not nc.is_closed:
+        return ""
+    err = nc.last_error
+    return "the NATS connection is closed for good" + (f" ({type(err).__name__}: {err})" if err else "")
 
 
 _links: weakref.WeakKeyDictionary[Client, Link] = weakref.WeakKeyDictionary()
@@ -185,6 +210,7 @@ async def connect(servers: list[str], **options: Any) -> Client:
 
     async def closed() -> None:
         log.info("the NATS connection is closed")
+        await tie.closed()
         if theirs_closed is not None:
             await theirs_closed()
 

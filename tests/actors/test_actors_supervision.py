@@ -133,6 +133,16 @@ def test_past_the_restart_intensity_children_stop_in_reverse_order_and_the_owner
     assert sup.status().failed == why
 
 
+def test_a_connection_closed_for_good_fails_the_supervisor_and_the_owner_is_told_why(sup: Supervisor) -> None:
+    # A server's error nats-py takes as final closes the connection for good (here a subject past the server's
+    # control line, as the seat's writes at a key too long once made): the seat can neither write nor hear again.
+    sup.loop.run(sup.nc.publish("x" * 5000, b""), 5)
+    why = sup.failed.result(timeout=30)
+    assert "closed for good" in why and "maximum control line exceeded" in why, why
+    assert not any(ref.is_alive() for ref in sup.children().values())
+    assert sup.status().failed == why
+
+
 def test_a_restart_within_the_intensity_does_not_fail(sup: Supervisor) -> None:
     old = sup.children()["node:bee"]
     sup.kill("node:bee")

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -26,10 +27,12 @@ from mesh_provisioner.bus.lease import HOLDER_KEY, SeatLease
 from mesh_provisioner.bus.loader import load_states
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.store import Store
+from mesh_provisioner.config import Config
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Put
 from mesh_provisioner.rules.view import NEEDS, PLANS, PROVISIONS, SEAT, bucket
 from mesh_provisioner.samples import sample_mesh
+from mesh_provisioner.seat import Seat
 
 LEASE = 2.0
 
@@ -150,6 +153,30 @@ def test_8_a_holder_that_cannot_renew_stops_writing_at_once(bus: tuple[NatsServe
     guard, error = loop.run(scenario(), 60)
     assert guard == "this process does not hold the seat's lease"
     assert "does not hold the seat's lease" in error
+
+
+def test_8_a_connection_closed_for_good_makes_the_seat_unhealthy_and_serve_exit_1(
+    bus: tuple[NatsServer, EventLoopThread],
+) -> None:
+    server, _ = bus
+    held = Seat(Config(nats=server.url, lease_seconds=LEASE))
+    exited: list[int] = []
+    stopped = threading.Event()
+    serving = threading.Thread(target=lambda: exited.append(held.serve(stopped)), daemon=True)
+    serving.start()
+    try:
+        wait_until(lambda: held.ready() == "", 30, 0.05, "the seat holds")
+        assert held.healthy() == ""
+        # A server's error nats-py takes as final closes the connection for good (a subject past the control line):
+        # it never comes back, so the process must say so on /healthz and exit, rather than wait for ever.
+        held.loop.run(held.nc.publish("x" * 5000, b""), 5)
+        why = wait_until(held.healthy, 30, 0.01, "the seat unhealthy")
+        assert "closed for good" in why and "maximum control line exceeded" in why, why
+        serving.join(30)
+        assert exited == [1]
+    finally:
+        stopped.set()
+        serving.join(30)
 
 
 def test_8_reconcile_dry_run_needs_no_lease_and_writes_nothing(bus: tuple[NatsServer, EventLoopThread]) -> None:
