@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 import msgspec
 
 from mesh_provisioner.rules.view import DEFAULT_BOUND_READS
+
+# The bus calls one piece of an actor's work makes one after another, at most: a batch of writes opens its bucket,
+# gathers its acknowledgements, and makes a create again on a delete marker (the marker read, the write made).
+CALLS_PER_WORK: Final = 4
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True):
@@ -21,7 +27,8 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     replicas: int = 1
     """How many servers of a JetStream cluster keep each bucket the seat creates (its own states, section 4)."""
     request_timeout: float = 10.0
-    """How long one call from an actor to the bus may take before it counts as failed."""
+    """How long one call to the bus may take before it counts as failed: a request, or the acknowledgements of a batch
+    of writes (the store's own timeout)."""
     conflict_retries: int = 8
     """How often a judgement is made again after a compare-and-set conflict before it waits for the next change."""
     restart_intensity: int = 10
@@ -43,6 +50,14 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     """`host:port` to serve `/metrics`, `/healthz` and `/readyz` on; "" serves nothing."""
     router_key: str = ""
     """The router's ed25519 public key; when set, a warrant is taken only with a valid signature."""
+
+    @property
+    def work_timeout(self) -> float:
+        """How long an actor waits for the bus layer to finish one piece of its work (a batch of writes, a key read
+        again, an ask published): as long as the most calls such work makes one after another, each within
+        `request_timeout`, so that a slow call fails in the bus layer, which says why and has the work made again,
+        never in the actor's wait, which would crash the actor."""
+        return self.request_timeout * CALLS_PER_WORK
 
     def servers(self) -> list[str]:
         """The server URLs to connect to."""

@@ -95,7 +95,7 @@ class Supervisor:
         self.metrics = metrics or Metrics()
         self.metrics.cache_keys.set_function(lambda: len(self.cache.view))
         self.cache = Cache(nc, bound_reads=config.bound_reads, on_change=self._changed, on_resync=self._resynced)
-        self.store = Store(nc, self.cache)
+        self.store = Store(nc, self.cache, timeout=config.request_timeout)
         self.asks = Asks(nc)
         self._lock = threading.RLock()
         self._specs: dict[str, ChildSpec] = {}
@@ -257,13 +257,13 @@ class Supervisor:
 
     def apply(self, writes: list[Write]) -> Applied:
         """Apply writes by compare-and-set on the bus, in order, stopping at the first conflict."""
-        applied = self.loop.run(self.store.apply(writes), self.config.request_timeout)
+        applied = self.loop.run(self.store.apply(writes), self.config.work_timeout)
         self.metrics.observe_writes((w.state for w, _ in applied.done), applied.conflict is not None)
         return applied
 
     def refresh(self, write: Write) -> None:
         """Read a conflicting key's current value from the bus into the cache."""
-        self.loop.run(self.cache.refresh(write.state, write.key), self.config.request_timeout)
+        self.loop.run(self.cache.refresh(write.state, write.key), self.config.work_timeout)
 
     def now(self) -> datetime:
         """The time writes are stamped with."""
@@ -271,7 +271,7 @@ class Supervisor:
 
     def publish(self, ask: r.Ask) -> None:
         """Publish an ask on the operator's channel, de-duplicated by its id."""
-        self.loop.run(self.asks.publish(ask), self.config.request_timeout)
+        self.loop.run(self.asks.publish(ask), self.config.work_timeout)
 
     def verify(self, warrant: r.Warrant | Mapping[str, Any]) -> str:
         """Why a warrant's signature is refused; with no router key configured, none is required."""

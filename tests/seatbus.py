@@ -41,7 +41,8 @@ __all__ = [
 
 
 def seat_config(url: str, **overrides: Any) -> Config:
-    """A seat's config for a test server: quick restarts, short timeouts."""
+    """A seat's config for a test server: quick restarts, short timeouts (5 s a bus call, the store's own timeout
+    too; an actor waits `Config.work_timeout` for the store, longer)."""
     return faults_bus.seat_config(url, **{"request_timeout": 5.0, **overrides})
 
 

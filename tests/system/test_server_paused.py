@@ -58,3 +58,38 @@ def test_wait_settled_answers_false_on_a_server_that_does_not_answer(nats_server
     finally:
         nats_server.resume()
     settle(sup)
+
+
+def test_a_write_slower_than_the_stores_timeout_fails_in_the_store_not_the_actor(
+    nats_server: NatsServer, mesh: Bus, seats: Seats, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The actor waits for the store longer than the store waits for the bus (both from `request_timeout`): a write
+    # on a server that does not answer fails in the store, which says why and has it made again; it does not time the
+    # actor's wait out first, which crashed the actor.
+    sup = seats.start(seat_config(mesh.url, request_timeout=1.0))
+    settle(sup)
+    real = node_actor.compose_node
+    read, gate = threading.Event(), threading.Event()
+
+    def held_after_reading(view: Any, node: str, now: Any) -> Any:
+        result = real(view, node, now)
+        if node == "bee" and not gate.is_set():
+            read.set()
+            assert gate.wait(30)
+        return result
+
+    monkeypatch.setattr(node_actor, "compose_node", held_after_reading)
+    mesh.put(WANTS, "want.bee.mailer", {"fp": "ml9"})
+    assert read.wait(30)
+    nats_server.pause()
+    try:
+        gate.set()
+        wait_until(lambda: sup.store.counts()["failed writes"] > 0 or sup.status().restarts, 30, interval=0.05,
+                   what="the write failed or its actor crashed")
+    finally:
+        nats_server.resume()
+    assert sup.status().restarts == {}
+    settle(sup)
+    held = mesh.refusal("bee.mailer")
+    assert held is not None and "ml9" in held.why
+    assert_fixed_point(mesh)
