@@ -189,6 +189,10 @@ class Supervisor:
     def _node(self, node: str, *, resync: bool = True) -> str:
         """The name of a node's actor, started (and told to resynchronise, unless not `resync`) when it has none."""
         name = f"node:{node}"
+        if name in self._specs:
+            # The common case, on the loop for each change: no lock, which an actor thread may hold while it
+            # waits for the interpreter.
+            return name
         with self._lock:
             if name not in self._specs and not self._stopping:
                 self._spec(
@@ -301,12 +305,13 @@ class Supervisor:
 
     def tell(self, name: str, message: Message) -> None:
         """Tell a child by name, counting the message as in flight; a dead child's restart resyncs instead."""
-        with self._lock:
-            ref = self._refs.get(name)
-            if ref is None or name in self._waiting:
-                return
-            urn = ref.actor_urn
-            self.in_flight.sent(urn)
+        # No lock: called on the loop for each change, it must not wait for an actor thread. A child that dies
+        # meanwhile is forgotten by `in_flight`, which then counts nothing for it (its successor resyncs).
+        ref = self._refs.get(name)
+        if ref is None or name in self._waiting:
+            return
+        urn = ref.actor_urn
+        self.in_flight.sent(urn)
         try:
             ref.tell(message)
         except pykka.ActorDeadError:

@@ -87,32 +87,43 @@ class ActorKilled(RuntimeError):
 
 
 class InFlight:
-    """Messages told to each child instance and not yet handled, by the instance's urn."""
+    """Messages told to each child instance and not yet handled, by the instance's urn.
+
+    An instance forgotten (it is gone) counts nothing more: a message told to it after that is lost with its
+    mailbox, and its successor's resynchronisation recovers it. So a teller needs no lock of its own to order its
+    count against the instance's death.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
+        self._forgotten: set[str] = set()
         self._idle = threading.Condition(self._lock)
 
     def sent(self, urn: str) -> None:
-        """One more message for an instance."""
+        """One more message for an instance (none for one forgotten)."""
         with self._lock:
-            self._counts[urn] = self._counts.get(urn, 0) + 1
+            if urn not in self._forgotten:
+                self._counts[urn] = self._counts.get(urn, 0) + 1
 
     def done(self, urn: str) -> None:
         """An instance finished one message."""
         with self._lock:
-            if urn in self._counts:
-                self._counts[urn] -= 1
-                if self._counts[urn] <= 0:
-                    del self._counts[urn]
-            self._idle.notify_all()
+            count = self._counts.get(urn, 0) - 1
+            if count > 0:
+                self._counts[urn] = count
+                return
+            self._counts.pop(urn, None)
+            if not self._counts:
+                self._idle.notify_all()  # only an empty count is waited for
 
     def forget(self, urn: str) -> None:
         """An instance is gone: what was in its mailbox is recovered by its successor's resynchronisation."""
         with self._lock:
+            self._forgotten.add(urn)
             self._counts.pop(urn, None)
-            self._idle.notify_all()
+            if not self._counts:
+                self._idle.notify_all()
 
     def total(self) -> int:
         """Every message told and not yet handled."""
