@@ -14,6 +14,7 @@ writes); nothing is said to have landed that did not.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import weakref
 from collections.abc import Callable, Iterable
@@ -83,6 +84,42 @@ _decode_ack = msgspec.json.Decoder(_Ack).decode
 IN_FLIGHT: Final = 1024  # messages of a connection waiting for their acknowledgement at once, at most
 
 
+class _Room:
+    """A count of free places that publishers wait for, first come first served.
+
+    As asyncio.Semaphore, but a release wakes its waiter in constant time: the Semaphore looks past every waiter
+    already woken and not yet run, and with a thousand publishers waiting that made each acknowledgement cost
+    a scan of them.
+    """
+
+    def __init__(self, places: int) -> None:
+        self._free = places
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def take(self) -> None:
+        """Take a place, waiting for one while none is free (or others wait for one already)."""
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter  # given a place by `give`
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.give()  # the place it was given goes to the next
+            raise
+
+    def give(self, *_: object) -> None:
+        """Give a place back: to the first waiter still waiting, or to the free count."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free += 1
+
+
 class _Acks:
     """Publishes JetStream messages on one connection and gathers their acknowledgements on one inbox of its own.
 
@@ -99,7 +136,7 @@ class _Acks:
         self._subscribing = asyncio.Lock()
         # At most this many messages wait for their answer at once: a thousand compositions writing together must
         # not flood the connection (the server drops a client that reads its answers too slowly).
-        self._room = asyncio.Semaphore(in_flight)
+        self._room = _Room(in_flight)
 
     async def _inbox(self) -> str:
         if self._sub is None:
@@ -125,11 +162,11 @@ class _Acks:
         failed: BaseException | None = None
         try:
             for subject, payload, headers in messages:
-                await self._room.acquire()
+                await self._room.take()
                 self._next += 1
                 token = str(self._next)
                 future: asyncio.Future[Msg] = loop.create_future()
-                future.add_done_callback(lambda _: self._room.release())
+                future.add_done_callback(self._room.give)
                 self._waiting[token] = future
                 futures[token] = future
                 try:
