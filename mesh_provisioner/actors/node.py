@@ -104,7 +104,7 @@ class NodeActor(SeatActor):
         composed = result[0]
         if why:
             composed.problems.append(f"the composition of {self.node} is not all written: {why}")
-        if composed:
+        if composed and log.isEnabledFor(logging.INFO):  # encoded only for a log that is kept
             log.info("composed %s: %s", self.node, r.encode(composed).decode())
         if composed.retiring_asked:
             self.seat.tell("asker", Look(frozenset(composed.retiring_asked)))
