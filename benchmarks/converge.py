@@ -35,6 +35,7 @@ import nats.js.errors
 from benchmarks import seed_design, steady
 from benchmarks.mesh import generate, load
 from mesh_provisioner.bus.embedded import EmbeddedServer, server_binary
+from mesh_provisioner.config import Config
 from mesh_provisioner.rules.view import bucket
 
 SEED = 20261203
@@ -98,8 +99,10 @@ def reset(url: str) -> None:
 class SeatProcess:
     """`benchmarks.seat_proc` in a subprocess: its first line is the cold start's figures."""
 
-    def __init__(self, url: str, max_parallel: int = 0, timeout: float = 1800.0) -> None:
-        cmd = [sys.executable, "-m", "benchmarks.seat_proc", url, "--max-parallel", str(max_parallel),
+    def __init__(self, url: str, max_parallel: int | None = None, timeout: float = 1800.0) -> None:
+        """The seat as configured by default, or with `max_parallel` compositions at once."""
+        bound = [] if max_parallel is None else ["--max-parallel", str(max_parallel)]
+        cmd = [sys.executable, "-m", "benchmarks.seat_proc", url, *bound,
                "--timeout", str(timeout), *os.environ.get("SEAT_ARGS", "").split()]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -152,7 +155,7 @@ def log(*words: Any) -> None:
     print(f"[{time.strftime('%H:%M:%S')}]", *words, file=sys.stderr, flush=True)
 
 
-def cold(url: str, mesh_nodes: int, seed: int, max_parallel: int = 0) -> tuple[SeatProcess, dict[str, Any]]:
+def cold(url: str, mesh_nodes: int, seed: int, max_parallel: int | None = None) -> tuple[SeatProcess, dict[str, Any]]:
     """Load a mesh and start a seat on it; the seat process, still running, and its cold start's figures."""
     mesh = generate(mesh_nodes, seed)
     loaded = asyncio.run(load(url, mesh))
@@ -229,7 +232,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         heavy = steady.Target("have", [m for m in heavy_mesh.placed[hv] if m.startswith("hv-")], node=hv, heavy=True)
         states = asyncio.run(_states(url))
         hol: dict[str, Any] = {}
-        for name, parallel in (("parallel", 0), ("serial", 1)):
+        for name, parallel in (("parallel", Config().max_parallel), ("serial", 1)):
             if name == "serial":
                 seat.stop()
                 seat = SeatProcess(url, max_parallel=1)

@@ -39,7 +39,7 @@ def latency(data: dict, out: Path) -> None:
     series = [("steady state", data["steady"])]
     hol = data.get("head_of_line", {})
     if "parallel" in hol:
-        series.append(("heavy node changing, max_parallel=0", hol["parallel"]))
+        series.append((f"heavy node changing, max_parallel={hol['parallel'].get('max_parallel', 0)}", hol["parallel"]))
     if "serial" in hol:
         series.append(("heavy node changing, max_parallel=1", hol["serial"]))
     fig, ax = plt.subplots(figsize=(7, 4.2))

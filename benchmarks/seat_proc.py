@@ -53,7 +53,8 @@ def figures(sup: Supervisor, seconds: float, settled: bool) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="benchmarks.seat_proc")
     p.add_argument("url")
-    p.add_argument("--max-parallel", type=int, default=0)
+    p.add_argument("--max-parallel", type=int, default=Config().max_parallel,
+                   help="compositions at once (default: the seat's own default)")
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--switch-interval", type=float, default=0.0,
                    help="the interpreter's thread switch interval in seconds (0: Python's own, 5 ms)")

@@ -20,8 +20,13 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     """One server URL, several separated by commas, or a tuple of them (a cluster)."""
     bound_reads: tuple[str, ...] = DEFAULT_BOUND_READS
     """The providers whose `<provider>.bound` entries the seat reads (contract section 2)."""
-    max_parallel: int = 0
-    """How many compositions run at once; 0 is no bound, 1 composes one node at a time."""
+    max_parallel: int = 4
+    """How many compositions run at once; 0 is no bound, 1 composes one node at a time.
+
+    A few: while one composition waits for the bus another composes, and a heavy node takes one place of four. More
+    only add threads contending for the one interpreter lock, and working sets alive at once (a thousand nodes
+    composing together held 40% more memory at their peak, and a change waited seconds, not tenths, to be written:
+    docs/BENCHMARKS.md)."""
     lease_seconds: float = 15.0
     """The seat's lease time: the max age of `mesh-provisioner_seat` (contract section 8)."""
     replicas: int = 1
