@@ -14,14 +14,14 @@ from mesh_provisioner.actors import node as node_actor
 from mesh_provisioner.rules.view import WANTS
 from mesh_provisioner.supervisor import Supervisor
 
+Events = tuple[threading.Event, threading.Event, threading.Event]
 
-def test_a_write_timed_out_on_a_paused_server_is_not_lost(
-    nats_server: NatsServer, mesh: Bus, seats: Seats, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    sup = seats.start(seat_config(mesh.url, request_timeout=10.0))
-    assert sup.wait_settled(30)
+
+def hold_composition_of_bee(monkeypatch: pytest.MonkeyPatch) -> Events:
+    """Hold node bee's next composition once it has read the bus and judged, before it writes: `read` is set then,
+    the composition goes on when `gate` is set, and `done` is set once it has."""
     real = node_actor.compose_node
-    gate, read, done = threading.Event(), threading.Event(), threading.Event()
+    read, gate, done = threading.Event(), threading.Event(), threading.Event()
 
     def held_after_reading(view: Any, node: str, now: Any) -> Any:
         result = real(view, node, now)
@@ -32,6 +32,15 @@ def test_a_write_timed_out_on_a_paused_server_is_not_lost(
         return result
 
     monkeypatch.setattr(node_actor, "compose_node", held_after_reading)
+    return read, gate, done
+
+
+def test_a_write_timed_out_on_a_paused_server_is_not_lost(
+    nats_server: NatsServer, mesh: Bus, seats: Seats, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sup = seats.start(seat_config(mesh.url, request_timeout=10.0))
+    assert sup.wait_settled(30)
+    read, gate, done = hold_composition_of_bee(monkeypatch)
     mesh.put(WANTS, "want.bee.mailer", {"fp": "ml9"})
     assert read.wait(30)
     nats_server.pause()
@@ -68,17 +77,7 @@ def test_a_write_slower_than_the_stores_timeout_fails_in_the_store_not_the_actor
     # actor's wait out first, which crashed the actor.
     sup = seats.start(seat_config(mesh.url, request_timeout=1.0))
     settle(sup)
-    real = node_actor.compose_node
-    read, gate = threading.Event(), threading.Event()
-
-    def held_after_reading(view: Any, node: str, now: Any) -> Any:
-        result = real(view, node, now)
-        if node == "bee" and not gate.is_set():
-            read.set()
-            assert gate.wait(30)
-        return result
-
-    monkeypatch.setattr(node_actor, "compose_node", held_after_reading)
+    read, gate, _ = hold_composition_of_bee(monkeypatch)
     mesh.put(WANTS, "want.bee.mailer", {"fp": "ml9"})
     assert read.wait(30)
     nats_server.pause()
