@@ -3,7 +3,7 @@
 `connect` makes a client that never gives up on the server and logs each disconnect and reconnect. What the bus
 layer keeps beside a client (`Link`: its count of requests, and who listens for reconnects) works for a client
 the host made too: `link(nc)` makes it on first use, and a host that made its own client calls
-`link(nc).reconnected()` from its own reconnected callback, and `link(nc).closed()` from its closed one.
+`link(nc).reconnected()`, `link(nc).disconnected()` and `link(nc).closed()` from its own callbacks of the same names.
 
 Whatever another module writes reaches the client as the subject of a message (a key is a subject), so the bus
 layer reads every subject as the NATS protocol defines it, never taking the connection down over one (contract
@@ -75,6 +75,7 @@ class Link:
         self.reconnects = 0
         self._listeners: list[Callable[[], None]] = []
         self._closed_listeners: list[Callable[[], None]] = []
+        self._disconnected_listeners: list[Callable[[], None]] = []
         self._nc = weakref.ref(nc)
         self._reviving: set[asyncio.Task[None]] = set()
         request = nc.request
@@ -106,9 +107,13 @@ class Link:
         """Call `listener` on the loop once the client is closed for good; it must not block (it may start a thread)."""
         self._closed_listeners.append(listener)
 
+    def on_disconnected(self, listener: Callable[[], None]) -> None:
+        """Call `listener` on the loop each time the client loses its server; it must not block."""
+        self._disconnected_listeners.append(listener)
+
     def remove_listener(self, listener: Callable[[], None]) -> None:
-        """Stop calling a listener (of reconnects or of the close); one that was never added is ignored."""
-        for listeners in (self._listeners, self._closed_listeners):
+        """Stop calling a listener (of reconnects, disconnects or the close); one never added is ignored."""
+        for listeners in (self._listeners, self._closed_listeners, self._disconnected_listeners):
             if listener in listeners:
                 listeners.remove(listener)
 
@@ -141,6 +146,10 @@ class Link:
         self.reconnects += 1
         self.watch_reader()
         _tell(self._listeners, "a reconnect listener failed")
+
+    async def disconnected(self) -> None:
+        """Tell every listener the client lost its server; a listener that raises is logged and skipped."""
+        _tell(self._disconnected_listeners, "a disconnect listener failed")
 
     async def closed(self) -> None:
         """Tell every listener the client is closed for good; a listener that raises is logged and skipped."""
@@ -199,6 +208,7 @@ async def connect(servers: list[str], **options: Any) -> Client:
     async def disconnected() -> None:
         if not nc.is_closed:
             log.warning("disconnected from NATS; reconnecting")
+        await tie.disconnected()
         if theirs_disconnected is not None:
             await theirs_disconnected()
 

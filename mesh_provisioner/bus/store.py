@@ -137,6 +137,7 @@ class _Acks:
         # At most this many messages wait for their answer at once: a thousand compositions writing together must
         # not flood the connection (the server drops a client that reads its answers too slowly).
         self._room = _Room(in_flight)
+        link(nc).on_disconnected(self._lost)
 
     async def _inbox(self) -> str:
         if self._sub is None:
@@ -146,6 +147,19 @@ class _Acks:
                     self._sub = await self._nc.subscribe(prefix + ".*", cb=self._answer)
                     self._prefix = prefix + "."
         return self._prefix
+
+    def _lost(self) -> None:
+        """The server is lost: an answer to a message sent before never comes, and is not waited for.
+
+        Whoever waits is told at once, not after the batch's timeout (a server restarted mid-batch made every
+        composition writing then wait that long). A message nats-py still held, sent once it reconnects, may land all
+        the same: its write is said to have failed, is made again later and finds its key moved on, as any write
+        that did not land is (compare-and-set: nothing is written blind).
+        """
+        waiting, self._waiting = self._waiting, {}
+        for future in waiting.values():
+            if not future.done():
+                future.set_exception(ConnectionError("the connection to NATS was lost before the answer came"))
 
     async def _answer(self, msg: Msg) -> None:
         future = self._waiting.pop(msg.subject[len(self._prefix):], None)

@@ -122,3 +122,27 @@ def test_a_server_that_does_not_answer_is_an_error_not_a_crash(
     # The write may or may not have landed before the server froze; a compare-and-set tells which.
     again = apply(loop, store, Put(REFUSED, "ace.gitea", A, 0))
     assert again.ok or again.conflict is not None
+
+
+def test_a_batch_whose_server_is_lost_fails_at_once_not_at_its_timeout(
+    loop: EventLoopThread, seat: Client, nats_server: NatsServer
+) -> None:
+    # An answer to a message sent before the server was lost never comes: every composition writing then would wait
+    # out its batch's timeout. It is told the writes failed as soon as the client knows (and makes them again later).
+    store = Store(seat, timeout=60.0)
+    assert apply(loop, store, Put(REFUSED, "ace.gitea", A, 0)).ok
+    nats_server.pause()  # the batch below is published, and waits for answers a frozen server does not send
+    future = loop.submit(store.apply([Put(REFUSED, "bee.gitea", A, 0), Put(REFUSED, "cat.gitea", A, 0)]))
+    wait_until(lambda: store._acks._waiting, what="the batch waits for its answers")
+    nats_server.kill()
+    lost = future.result(30)  # well inside the batch's 60 s
+    assert not lost.done and not lost.ok and "connection to NATS was lost" in lost.error
+    assert store.counts()["failed writes"] == 2
+    nats_server.start()
+    wait_until(lambda: seat.is_connected, 30, what="the client reconnected")
+    # Made again, from what the bus holds: nothing was written blind.
+    def made_or_moved_on() -> Applied | None:
+        again = apply(loop, store, Put(REFUSED, "bee.gitea", A, 0))
+        return again if again.ok or again.conflict is not None else None
+
+    wait_until(made_or_moved_on, 30, interval=0.1, what="the write made again, or found made")
