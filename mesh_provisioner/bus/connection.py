@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
+import nats.errors
 import nats.js.errors
 import nats.protocol.parser
 from nats.aio.client import Client
@@ -148,8 +149,24 @@ class Link:
         _tell(self._listeners, "a reconnect listener failed")
 
     async def disconnected(self) -> None:
-        """Tell every listener the client lost its server; a listener that raises is logged and skipped."""
+        """Fail the requests waiting for an answer, then tell every listener the client lost its server; a listener
+        that raises is logged and skipped."""
+        self._fail_requests()
         _tell(self._disconnected_listeners, "a disconnect listener failed")
+
+    def _fail_requests(self) -> None:
+        # An answer to a request sent before the server was lost never comes, and nats-py waits for it until the
+        # request's timeout all the same: a watch dropped during a reconnect waited that long to delete its consumer,
+        # and the cache's resync behind it. nats-py keeps each waiting request's future by its token (`_resp_map`);
+        # each fails now with the timeout it would have met later (nats-py's `request` raises its own TimeoutError
+        # for it either way), so every caller handles it as it handles one.
+        nc = self._nc()
+        waiting = getattr(nc, "_resp_map", None)
+        if not isinstance(waiting, dict):
+            return
+        for future in list(waiting.values()):
+            if isinstance(future, asyncio.Future) and not future.done():
+                future.set_exception(nats.errors.TimeoutError())
 
     async def closed(self) -> None:
         """Tell every listener the client is closed for good; a listener that raises is logged and skipped."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import nats.errors
 import pytest
 from helpers import NatsServer, raw_publish, wait_until
 from nats.aio.client import Client
@@ -86,3 +87,20 @@ def test_a_read_loop_that_ends_while_connected_is_replaced_by_a_new_connection(
     wait_until(lambda: link(nc).reconnects == 1, 15, what="a new connection")
     loop.run(other.publish("x.after", b"after"), 5)
     wait_until(lambda: b"after" in got, what="a message after the new connection")
+
+
+def test_a_request_whose_server_is_lost_fails_at_once_not_at_its_timeout(
+    loop: EventLoopThread, nc: Client, nats_server: NatsServer
+) -> None:
+    # nats-py waits for the answer of a request sent before a disconnect until the request's timeout, though it never
+    # comes (a watch dropped during a reconnect waited that long to delete its consumer, and the resync behind it).
+    nats_server.pause()  # the request goes out, and a frozen server does not answer it
+    future = loop.submit(nc.request("$JS.API.INFO", b"", timeout=60))
+    wait_until(lambda: nc._resp_map, what="the request waits for its answer")
+    nats_server.kill()
+    # nats-py's own timeout, well inside the request's 60 s (waiting longer here would raise the builtin one).
+    with pytest.raises(nats.errors.TimeoutError):
+        future.result(30)
+    nats_server.start()
+    wait_until(lambda: nc.is_connected, 30, what="the client reconnected")
+    assert loop.run(nc.request("$JS.API.INFO", b"", timeout=10), 15).data  # and asks again as before
