@@ -208,6 +208,11 @@ class Cache:
         except nats.js.errors.BucketNotFoundError:
             self._reconcile(state, {}, None)
             return
+        except (nats.errors.Error, TimeoutError) as err:
+            # The bus out of reach (a server lost mid-request): the watch brings the key once it is back, and a
+            # reconnect makes every actor judge again from the bus.
+            log.info("%s %s could not be read again (%s); its watch brings it", state, key, err)
+            return
         self._receive(state, key, found.value or b"", found.revision or 0)
 
     async def stop(self) -> None:

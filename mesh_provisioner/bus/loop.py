@@ -77,6 +77,8 @@ class EventLoopThread:
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
+            if future.done():
+                raise  # the coroutine's own TimeoutError (a request's, say), not this wait's
             future.cancel()
             raise TimeoutError(f"{name} did not finish within {timeout} s on the bus loop; it was cancelled") from None
 

@@ -34,6 +34,16 @@ def test_run_past_its_timeout_cancels_and_raises_timeout_error(loop: EventLoopTh
     wait_until(cancelled.is_set, 5, what="the timed-out coroutine cancelled")
 
 
+def test_run_raises_a_coroutines_own_timeout_as_it_is_not_as_its_wait_past(loop: EventLoopThread) -> None:
+    # A request's timeout inside the coroutine is not the wait's: said as one, it read "did not finish within 40 s"
+    # of a call that had failed at once.
+    async def request_timed_out() -> None:
+        raise TimeoutError("nats: timeout")
+
+    with pytest.raises(TimeoutError, match="^nats: timeout$"):
+        loop.run(request_timed_out(), 40)
+
+
 def test_run_on_the_loop_thread_is_refused(loop: EventLoopThread) -> None:
     async def nested() -> None:
         async def inner() -> None:
