@@ -73,7 +73,7 @@ def render(data: dict[str, Any]) -> str:
         "",
         "## Running it again",
         "",
-        "The long version, which wrote this file (about a quarter of an hour on two cores):",
+        f"The long version, which wrote this file (in {data['took_seconds'] / 60:.0f} minutes here):",
         "",
         "```sh",
         LONG_COMMAND,
