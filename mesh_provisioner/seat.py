@@ -32,8 +32,9 @@ class Seat:
         self.config = config
         self.loop = EventLoopThread()
         self.nc: Client = self.loop.run(connect_config(config), config.request_timeout * 3)
-        buckets = ensure_buckets(self.nc.jetstream(), lease=config.lease_seconds, replicas=config.replicas)
-        self.loop.run(buckets, config.request_timeout)
+        buckets = ensure_buckets(self.nc.jetstream(timeout=config.request_timeout), lease=config.lease_seconds,
+                                 replicas=config.replicas, patience=config.work_timeout)
+        self.loop.run(buckets, config.work_timeout + config.request_timeout * 2)
         self.lease = SeatLease(self.nc, config.lease_seconds)
         self.supervisor: Supervisor | None = None
         self.on_hold = on_hold or (lambda _: None)

@@ -141,8 +141,9 @@ class Supervisor:
             sup._clock = clock
         sup.store.guard = guard
         try:
-            buckets = ensure_buckets(nc.jetstream(), lease=config.lease_seconds, replicas=config.replicas)
-            thread.run(buckets, config.request_timeout)
+            buckets = ensure_buckets(nc.jetstream(timeout=config.request_timeout), lease=config.lease_seconds,
+                                     replicas=config.replicas, patience=config.work_timeout)
+            thread.run(buckets, config.work_timeout + config.request_timeout * 2)
             thread.run(sup.cache.start(), config.request_timeout)
             thread.run(sup.cache.wait_synced(), config.request_timeout * 6)
             sup._retire_needs()

@@ -280,30 +280,57 @@ async def ensure_buckets(
     history: int = 1,
     lease: float = LEASE_SECONDS,
     replicas: int = 1,
+    patience: float = 0.0,
 ) -> list[str]:
     """Create the bucket of each state that has none; answers the buckets created.
 
     The seat creates only its own states' buckets (contract section 4); the lease bucket's max age is the lease
     time (section 8). `replicas` is how many servers of a cluster keep each (JetStream's R; at most the cluster's
     size). A bucket that exists is left as it is, whatever its configuration.
+
+    While JetStream does not answer (a cluster electing its leaders after a server came back, say), each bucket is
+    asked for again for `patience` seconds at most, then the error is raised.
     """
+    deadline = asyncio.get_running_loop().time() + patience
     created = []
     for state in states:
-        try:
-            await js.stream_info(stream_of(state))
-            continue
-        except nats.js.errors.NotFoundError:
-            pass
-        ttl = lease if state == SEAT else None
-        try:
-            await js.create_key_value(bucket=bucket(state), history=history, ttl=ttl, replicas=replicas)
-        except nats.js.errors.APIError as err:
-            if err.err_code != _STREAM_NAME_IN_USE:
-                raise
-            continue
-        log.info("created bucket %s", bucket(state))
-        created.append(bucket(state))
+        delay = 0.1
+        while True:
+            try:
+                if await _ensure_bucket(js, state, history=history, lease=lease, replicas=replicas):
+                    created.append(bucket(state))
+                break
+            except _NOT_ANSWERING as err:
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    raise
+                log.warning("JetStream does not answer for bucket %s yet (%s); asking again", bucket(state), err)
+                await asyncio.sleep(min(delay, left))
+                delay = min(delay * 2, 2.0)
     return created
+
+
+# What JetStream says while it cannot answer yet: nothing, no responder, or "temporarily unavailable".
+_NOT_ANSWERING: Final = (nats.errors.TimeoutError, nats.errors.NoRespondersError,
+                         nats.js.errors.ServiceUnavailableError)
+
+
+async def _ensure_bucket(js: JetStreamContext, state: str, *, history: int, lease: float, replicas: int) -> bool:
+    """Create one state's bucket unless it exists; whether this made it."""
+    try:
+        await js.stream_info(stream_of(state))
+        return False
+    except nats.js.errors.NotFoundError:
+        pass
+    ttl = lease if state == SEAT else None
+    try:
+        await js.create_key_value(bucket=bucket(state), history=history, ttl=ttl, replicas=replicas)
+    except nats.js.errors.APIError as err:
+        if err.err_code != _STREAM_NAME_IN_USE:
+            raise
+        return False
+    log.info("created bucket %s", bucket(state))
+    return True
 
 
 def connect_options(config: Config) -> dict[str, Any]:

@@ -104,3 +104,24 @@ def test_a_request_whose_server_is_lost_fails_at_once_not_at_its_timeout(
     nats_server.start()
     wait_until(lambda: nc.is_connected, 30, what="the client reconnected")
     assert loop.run(nc.request("$JS.API.INFO", b"", timeout=10), 15).data  # and asks again as before
+
+
+def test_ensure_buckets_asks_again_while_jetstream_does_not_answer(
+    loop: EventLoopThread, nc: Client, nats_server: NatsServer
+) -> None:
+    # A cluster electing its leaders after a server came back answers nothing for a while: a seat starting then
+    # failed at once. It asks again, for its patience at most.
+    js = nc.jetstream(timeout=0.3)
+    nats_server.pause()
+    asked = link(nc).requests
+    made = loop.submit(ensure_buckets(js, [SEAT], patience=30))
+    wait_until(lambda: link(nc).requests >= asked + 2, what="asked, and asked again")
+    nats_server.resume()
+    assert made.result(30) == ["mesh-provisioner_seat"]
+    # With no patience, the first silence is the answer.
+    nats_server.pause()
+    try:
+        with pytest.raises(nats.errors.TimeoutError):
+            loop.run(ensure_buckets(js, [PLACEMENT]), 10)
+    finally:
+        nats_server.resume()

@@ -40,7 +40,7 @@ def test_run_raises_a_coroutines_own_timeout_as_it_is_not_as_its_wait_past(loop:
     async def request_timed_out() -> None:
         raise TimeoutError("nats: timeout")
 
-    with pytest.raises(TimeoutError, match="^nats: timeout$"):
+    with pytest.raises(TimeoutError, match=r"^nats: timeout$"):
         loop.run(request_timed_out(), 40)
 
 
