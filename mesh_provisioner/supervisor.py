@@ -266,9 +266,9 @@ class Supervisor:
         self.metrics.observe_writes((w.state for w, _ in applied.done), applied.conflict is not None)
         return applied
 
-    def refresh(self, write: Write) -> None:
-        """Read a conflicting key's current value from the bus into the cache."""
-        self.loop.run(self.cache.refresh(write.state, write.key), self.config.work_timeout)
+    def refresh(self, write: Write) -> bool:
+        """Read a conflicting key's current value from the bus into the cache; False when the bus did not answer."""
+        return self.loop.run(self.cache.refresh(write.state, write.key), self.config.work_timeout)
 
     def now(self) -> datetime:
         """The time writes are stamped with."""

@@ -49,8 +49,8 @@ class Seat(Protocol):
         """Apply writes by compare-and-set, in order, stopping at the first conflict."""
         ...
 
-    def refresh(self, write: Write) -> None:
-        """Read a conflicting key's current value from the bus into the cache."""
+    def refresh(self, write: Write) -> bool:
+        """Read a conflicting key's current value from the bus into the cache; False when the bus did not answer."""
         ...
 
     def now(self) -> datetime:
@@ -250,13 +250,19 @@ class SeatActor(pykka.ThreadingActor):
                     self.seat.metrics.change_to_write.observe(time.monotonic() - since)
                 return ""
             if applied.conflict is None:
-                if again is not None:
-                    self.failures += 1
-                    self.seat.retry(self.name, again, self.failures)
-                return applied.error
+                return self._again_later(again, applied.error)
             why = f"{applied.conflict.key} changed while it was judged"
-            self.seat.refresh(applied.conflict)
+            if not self.seat.refresh(applied.conflict):
+                # Judged again from what memory holds, it would conflict again: done again later, as a failed write.
+                return self._again_later(again, f"{why}, and could not be read again")
         return f"{why}, {retries + 1} times; it is judged again at its next change"
+
+    def _again_later(self, again: Message | None, why: str) -> str:
+        """Have `again`, the message that redoes a piece of work the bus failed, come back after a backoff."""
+        if again is not None:
+            self.failures += 1
+            self.seat.retry(self.name, again, self.failures)
+        return why
 
 
 def earliest(a: float, b: float) -> float:

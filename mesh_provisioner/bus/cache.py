@@ -188,13 +188,14 @@ class Cache:
                 return False
         return True
 
-    async def refresh(self, state: str, key: str) -> None:
-        """Read one key's current value from the bus into memory now, as after a conflict (one request).
+    async def refresh(self, state: str, key: str) -> bool:
+        """Read one key's current value from the bus into memory now, as after a conflict (one request); False when
+        the bus did not answer.
 
         The watch would bring it too; this does not wait for it. Never backwards: an older value is ignored.
         """
         if state not in self.states:
-            return
+            return True
         try:
             kv, _ = await open_bucket(self._js, state)
             found = await kv.get(key)
@@ -204,16 +205,16 @@ class Cache:
                 self._receive(state, key, None, entry.revision)  # deleted, at the marker's revision
             elif (held := self.view.get(state, key)) is not None:
                 self._set(state, key, None, held.revision)  # purged: no revision says when
-            return
+            return True
         except nats.js.errors.BucketNotFoundError:
             self._reconcile(state, {}, None)
-            return
+            return True
         except (nats.errors.Error, TimeoutError) as err:
-            # The bus out of reach (a server lost mid-request): the watch brings the key once it is back, and a
-            # reconnect makes every actor judge again from the bus.
-            log.info("%s %s could not be read again (%s); its watch brings it", state, key, err)
-            return
+            # The bus out of reach (a server lost mid-request): the caller does its work again later.
+            log.info("%s %s could not be read again: %s", state, key, err)
+            return False
         self._receive(state, key, found.value or b"", found.revision or 0)
+        return True
 
     async def stop(self) -> None:
         """Stop every watch and delete its consumer; the view keeps what it holds."""
