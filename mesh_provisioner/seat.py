@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from nats.aio.client import Client
 
-from mesh_provisioner.bus.connection import closed_for_good, connect_config, ensure_buckets
+from mesh_provisioner.bus.connection import closed_for_good, config_buckets_wait, connect_config, ensure_config_buckets
 from mesh_provisioner.bus.lease import SeatLease
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.verb import serve_verb
@@ -32,9 +32,7 @@ class Seat:
         self.config = config
         self.loop = EventLoopThread()
         self.nc: Client = self.loop.run(connect_config(config), config.request_timeout * 3)
-        buckets = ensure_buckets(self.nc.jetstream(timeout=config.request_timeout), lease=config.lease_seconds,
-                                 replicas=config.replicas, patience=config.work_timeout)
-        self.loop.run(buckets, config.work_timeout + config.request_timeout * 2)
+        self.loop.run(ensure_config_buckets(self.nc, config), config_buckets_wait(config))
         self.lease = SeatLease(self.nc, config.lease_seconds)
         self.supervisor: Supervisor | None = None
         self.on_hold = on_hold or (lambda _: None)

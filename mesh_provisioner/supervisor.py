@@ -32,7 +32,13 @@ from mesh_provisioner.actors.bound import BoundActor
 from mesh_provisioner.actors.node import NodeActor
 from mesh_provisioner.bus.asks import Asks
 from mesh_provisioner.bus.cache import Cache
-from mesh_provisioner.bus.connection import closed_for_good, connect_config, ensure_buckets, link
+from mesh_provisioner.bus.connection import (
+    closed_for_good,
+    config_buckets_wait,
+    connect_config,
+    ensure_config_buckets,
+    link,
+)
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.store import Applied, Store
 from mesh_provisioner.config import Config
@@ -141,9 +147,7 @@ class Supervisor:
             sup._clock = clock
         sup.store.guard = guard
         try:
-            buckets = ensure_buckets(nc.jetstream(timeout=config.request_timeout), lease=config.lease_seconds,
-                                     replicas=config.replicas, patience=config.work_timeout)
-            thread.run(buckets, config.work_timeout + config.request_timeout * 2)
+            thread.run(ensure_config_buckets(nc, config), config_buckets_wait(config))
             thread.run(sup.cache.start(), config.request_timeout)
             thread.run(sup.cache.wait_synced(), config.request_timeout * 6)
             sup._retire_needs()

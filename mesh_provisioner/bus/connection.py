@@ -273,6 +273,11 @@ async def open_bucket(js: JetStreamContext, state: str) -> tuple[KeyValue, api.S
     return kv, info
 
 
+# What JetStream says while it cannot answer yet: nothing, no responder, or "temporarily unavailable".
+_NOT_ANSWERING: Final = (nats.errors.TimeoutError, nats.errors.NoRespondersError,
+                         nats.js.errors.ServiceUnavailableError)
+
+
 async def ensure_buckets(
     js: JetStreamContext,
     states: Iterable[str] = SEAT_STATES,
@@ -310,11 +315,6 @@ async def ensure_buckets(
     return created
 
 
-# What JetStream says while it cannot answer yet: nothing, no responder, or "temporarily unavailable".
-_NOT_ANSWERING: Final = (nats.errors.TimeoutError, nats.errors.NoRespondersError,
-                         nats.js.errors.ServiceUnavailableError)
-
-
 async def _ensure_bucket(js: JetStreamContext, state: str, *, history: int, lease: float, replicas: int) -> bool:
     """Create one state's bucket unless it exists; whether this made it."""
     try:
@@ -331,6 +331,22 @@ async def _ensure_bucket(js: JetStreamContext, state: str, *, history: int, leas
         return False
     log.info("created bucket %s", bucket(state))
     return True
+
+
+async def ensure_config_buckets(nc: Client, config: Config) -> list[str]:
+    """The seat's own buckets as a config says (`ensure_buckets`): each call within `request_timeout`, JetStream
+    asked again while it does not answer for `work_timeout`; the whole within `config_buckets_wait(config)`."""
+    return await ensure_buckets(
+        nc.jetstream(timeout=config.request_timeout),
+        lease=config.lease_seconds,
+        replicas=config.replicas,
+        patience=config.work_timeout,
+    )
+
+
+def config_buckets_wait(config: Config) -> float:
+    """How long `ensure_config_buckets` may take: its patience, then a last try's two calls (looked for, made)."""
+    return config.work_timeout + 2 * config.request_timeout
 
 
 def connect_options(config: Config) -> dict[str, Any]:
