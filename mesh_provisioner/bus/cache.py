@@ -115,6 +115,7 @@ class Cache:
         self._gone: dict[str, dict[str, int]] = defaultdict(dict)  # deleted keys' revisions, so none comes back
         self._floor: dict[str, int] = {}  # per state: every revision up to it is in memory already
         self._loading: set[str] = set()
+        self._missing: set[str] = set()  # states whose bucket does not exist (section 2)
         self._loaded = asyncio.Event()
         self._synced = False
         self._created: dict[str, asyncio.Event] = {}
@@ -170,23 +171,35 @@ class Cache:
     async def caught_up(self) -> bool:
         """Whether every change JetStream holds of every watched bucket has been applied to memory now.
 
-        Asks each watch's consumer what it has delivered (one request per bucket): false while a bucket loads,
-        while its consumer has more to deliver, or while what it delivered waits to be applied.
+        Asks each bucket's stream leader for its last revision (one request per bucket) and compares it with the
+        newest revision the watch applied: false while a bucket loads, while its watch is down, or while the leader
+        holds a change memory has not. The leader, not the watch's consumer: a consumer on a cluster's server that
+        is catching up, or that was lost, says it has nothing more to deliver while the leader has.
         """
         if self._loading:
             return False
-        for state, watcher in list(self._watchers.items()):
-            sub = watcher._sub  # nats-py's watcher has no public handle on its consumer
-            if sub is None:
-                return False
+        for state in self.states:
+            if state in self._missing:
+                continue
+            if state not in self._watchers:
+                return False  # its watch is being made again
+            latest = self._latest.get(state, 0)
             try:
-                info = await sub.consumer_info()
+                info = await self._js.stream_info(stream_of(state))
+                if info.state.last_seq > latest and not await self._removed_after(state, latest):
+                    return False
             except (nats.errors.Error, TimeoutError):
                 return False
-            delivered = info.delivered.stream_seq if info.delivered is not None else 0
-            if info.num_pending or self._latest.get(state, 0) < delivered:
-                return False
         return True
+
+    async def _removed_after(self, state: str, revision: int) -> bool:
+        """Whether the stream holds no message after `revision`: those after it were removed before the watch
+        delivered them (a key's history rolled up, an entry past its age), so there is nothing more to apply."""
+        try:
+            await self._js.get_msg(stream_of(state), seq=revision + 1, subject=f"$KV.{bucket(state)}.>", next=True)
+        except nats.js.errors.NotFoundError:
+            return True
+        return False
 
     async def refresh(self, state: str, key: str) -> bool:
         """Read one key's current value from the bus into memory now, as after a conflict (one request); False when
@@ -272,6 +285,7 @@ class Cache:
                 if not waiting:
                     log.info("bucket %s does not exist yet; waiting for it", name)
                     waiting = True
+                self._missing.add(state)
                 self._reconcile(state, {}, None)  # no bucket: no keys
                 self._done_loading(state)
                 with contextlib.suppress(TimeoutError):
@@ -284,6 +298,7 @@ class Cache:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._backoff[1])
                 continue
+            self._missing.discard(state)
             if waiting:
                 log.info("bucket %s exists now", name)
                 waiting = False
