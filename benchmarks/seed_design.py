@@ -103,6 +103,10 @@ class RemoteView:
         """As the seeds' `placedOn`, asked of one node."""
         return node in self.placed_on(module)
 
+    def is_placed_anywhere(self, module: str) -> bool:
+        """As the seeds' `placedOn`, asked whether it names any node."""
+        return bool(self.placed_on(module))
+
     def providers_of(self, provision: str) -> set[str]:
         """Every registered module read with its trunk manifest, and those providing the provision."""
         out = set()

@@ -170,21 +170,8 @@ def choose_provider(
         providers = sorted(view.providers_of(provision))
         if memo is not None:
             memo.providers[provision] = providers
-    everywhere: dict[str, list[str]] | None = None
-
-    def offered() -> dict[str, list[str]]:
-        # Every node where it is offered: read only when the nodes at hand do not decide (it lists them all).
-        nonlocal everywhere
-        if everywhere is None:
-            everywhere = memo.offered.get(provision) if memo is not None else None
-            if everywhere is None:
-                everywhere = offered_on(view, provision, providers)
-                if memo is not None:
-                    memo.offered[provision] = everywhere
-        return everywhere
-
     here = [p for p in providers if view.is_placed(p, node)]
-    if not here and not offered():
+    if not here and not any(view.is_placed_anywhere(p) for p in providers):
         return None, f"no placed module provides {provision}"
     resolved, why = resolved_node(view, node, module, provision)
     if why:
@@ -195,7 +182,12 @@ def choose_provider(
             return (resolved, there[0]), ""
     if here:
         return (node, here[0]), ""
-    on = offered()
+    # Every node where it is offered: read only when the nodes at hand do not decide, as it lists them all.
+    on = memo.offered.get(provision) if memo is not None else None
+    if on is None:
+        on = offered_on(view, provision, providers)
+        if memo is not None:
+            memo.offered[provision] = on
     if len(on) == 1:
         only = next(iter(on))
         return (only, on[only][0]), ""

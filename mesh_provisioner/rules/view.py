@@ -124,6 +124,10 @@ class View(Protocol):
         """Whether a module is placed on a node."""
         ...
 
+    def is_placed_anywhere(self, module: str) -> bool:
+        """Whether a module is placed on any node."""
+        ...
+
     def providers_of(self, provision: str) -> set[str]:
         """Every module whose manifest at the trunk provides a provision."""
         ...
@@ -214,6 +218,10 @@ class MemoryView:
     def is_placed(self, module: str, node: str) -> bool:
         """Whether a module is placed on a node."""
         return node in self._placed.get(module, ())
+
+    def is_placed_anywhere(self, module: str) -> bool:
+        """Whether a module is placed on any node."""
+        return bool(self._placed.get(module))
 
     def providers_of(self, provision: str) -> set[str]:
         """Every module whose manifest at the trunk provides a provision."""
@@ -452,6 +460,10 @@ class Overlay:
     def is_placed(self, module: str, node: str) -> bool:
         """As the view below."""
         return self.base.is_placed(module, node)
+
+    def is_placed_anywhere(self, module: str) -> bool:
+        """As the view below."""
+        return self.base.is_placed_anywhere(module)
 
     def providers_of(self, provision: str) -> set[str]:
         """As the view below."""
