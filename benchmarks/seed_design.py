@@ -124,6 +124,10 @@ class RemoteView:
         return {key for key, p in self._values(PROVISIONS, r.Provision)
                 if p.provider.module == module and p.provider.node == node}
 
+    def provided_on(self, node: str) -> set[str]:
+        """Every provision read, and those whose provider is on the node."""
+        return {key for key, p in self._values(PROVISIONS, r.Provision) if p.provider.node == node}
+
     def dependents(self, key: str) -> set[str]:
         """Every provision read, and those depending on the key."""
         return {other for other, p in self._values(PROVISIONS, r.Provision) if key in p.depends_on}

@@ -343,8 +343,13 @@ class Supervisor:
                 continue
             self.tell(self._node(node), Changed(at))
         if woken.keys:
+            # The keys a provider's own word changes are judged together, in one batch of writes, by one actor:
+            # its bound actor, or its node's (which that word wakes to compose anyway). Writes are compare-and-set,
+            # so the actor need not own them (design.md, "Parallel, not shared").
             if state.endswith(".bound"):
                 self.tell(f"bound:{state.removesuffix('.bound')}", Rejudge(woken.keys, at))
+            elif is_token(woken.provider_node):
+                self.tell(self._node(woken.provider_node), Rejudge(woken.keys, at))
             else:
                 by_node: dict[str, set[str]] = {}
                 for k in woken.keys:

@@ -76,12 +76,16 @@ class NodeActor(SeatActor):
         return None
 
     def _every_key(self) -> None:
-        """Judge every key of the node at the next tick, from the bus (design.md, property 3).
+        """Judge at the next tick, from the bus, every key of the node and every key a module of the node provides
+        (design.md, property 3).
 
         A composition leaves a held module's keys as they are (5.2), yet their state still follows their provider
-        (5.3): after a restart, or a failure, a judgement lost with what was pending would otherwise never be made.
+        (5.3). And a provider's have or want on this node has this actor judge the keys it provides, on any node, as
+        the bound actors do theirs. After a restart, or a failure, a judgement lost with what was pending would
+        otherwise never be made.
         """
-        self.keys |= set(self.seat.view.keys(PROVISIONS, self.node))
+        view = self.seat.view
+        self.keys |= set(view.keys(PROVISIONS, self.node)) | view.provided_on(self.node)
 
     def compose(self) -> r.Composed:
         """Compose the node now, writing by compare-and-set; answers what the composition did."""

@@ -152,6 +152,10 @@ class View(Protocol):
         """Every provision key whose provider is a module, on any node."""
         ...
 
+    def provided_on(self, node: str) -> set[str]:
+        """Every provision key whose provider is on a node, whatever the module."""
+        ...
+
     def nodes_naming(self, module: str) -> set[str]:
         """Every node whose wants or haves name a module."""
         ...
@@ -193,6 +197,7 @@ class MemoryView:
         self._deps_of_node: dict[str, set[str]] = defaultdict(set)  # node -> keys of it something depends on
         self._needing: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self._by_provider_module: dict[str, set[str]] = defaultdict(set)
+        self._by_provider_node: dict[str, set[str]] = defaultdict(set)
         self._naming: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))  # module -> node -> keys
         self._manifest_users: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
         self._asks: dict[str, str] = {}
@@ -251,6 +256,10 @@ class MemoryView:
     def provided_by_module(self, module: str) -> set[str]:
         """Every provision key whose provider is a module, on any node."""
         return set(self._by_provider_module.get(module, ()))
+
+    def provided_on(self, node: str) -> set[str]:
+        """Every provision key whose provider is on a node, whatever the module."""
+        return set(self._by_provider_node.get(node, ()))
 
     def nodes_naming(self, module: str) -> set[str]:
         """Every node whose wants or haves name a module."""
@@ -333,6 +342,7 @@ class MemoryView:
         elif isinstance(value, r.Provision):
             self._by_provider[(value.provider.module, value.provider.node)].add(key)
             self._by_provider_module[value.provider.module].add(key)
+            self._by_provider_node[value.provider.node].add(key)
             if value.ask:
                 self._asks[value.ask] = key
             for dep in value.depends_on:
@@ -360,6 +370,7 @@ class MemoryView:
         elif isinstance(value, r.Provision):
             self._by_provider[(value.provider.module, value.provider.node)].discard(key)
             self._by_provider_module[value.provider.module].discard(key)
+            self._by_provider_node[value.provider.node].discard(key)
             if value.ask and self._asks.get(value.ask) == key:
                 del self._asks[value.ask]
             for dep in value.depends_on:
@@ -488,6 +499,10 @@ class Overlay:
     def provided_by_module(self, module: str) -> set[str]:
         """As the view below."""
         return self.base.provided_by_module(module)
+
+    def provided_on(self, node: str) -> set[str]:
+        """As the view below."""
+        return self.base.provided_on(node)
 
     def nodes_naming(self, module: str) -> set[str]:
         """As the view below."""

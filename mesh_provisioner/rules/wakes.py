@@ -33,11 +33,16 @@ from mesh_provisioner.rules.view import (
 
 
 class Woken(msgspec.Struct, frozen=True):
-    """What one change wakes: nodes to compose, keys to judge again, retiring keys whose answer to read."""
+    """What one change wakes: nodes to compose, keys to judge again, retiring keys whose answer to read.
+
+    `provider_node` is the node of the provider whose own word changed (its have or want), when every key woken is
+    one that provider provides on it; "" otherwise.
+    """
 
     nodes: frozenset[str] = frozenset()
     keys: frozenset[str] = frozenset()
     decide: frozenset[str] = frozenset()
+    provider_node: str = ""
 
     def __bool__(self) -> bool:
         return bool(self.nodes or self.keys or self.decide)
@@ -52,10 +57,12 @@ def woken_by(view: View, state: str, key: str, old: Entry | None, new: Entry | N
         if len(parts) != 3:
             return Woken()
         # A provider judged by its have is provided only at the build its want names (5.3).
-        return Woken(frozenset({parts[1]}), frozenset(view.provided_by(parts[2], parts[1])))
+        return Woken(frozenset({parts[1]}), frozenset(view.provided_by(parts[2], parts[1])), provider_node=parts[1])
     if state == HAVE:
         node, _, module = key.partition(".")
-        return Woken(frozenset({node}), frozenset(view.provided_by(module, node)) if module else frozenset())
+        if not module:
+            return Woken(frozenset({node}))
+        return Woken(frozenset({node}), frozenset(view.provided_by(module, node)), provider_node=node)
     if state == RESOLVED:
         return Woken(frozenset({k.node_of(key)}))
     if state == MODULES:

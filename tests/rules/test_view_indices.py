@@ -1,4 +1,4 @@
-"""The view's placement indices answer as a scan of its placements does, however the placements came and went."""
+"""The view's indices answer as a scan of its entries does, however the entries came and went."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mesh_provisioner.messages import records as r
-from mesh_provisioner.rules.view import PLACEMENT, MemoryView
+from mesh_provisioner.rules.view import PLACEMENT, PROVISIONS, MemoryView
 
 NODES = ("ace", "bee", "cat")
 MODULES = ("gitea", "postgres", "redis")
@@ -37,3 +37,31 @@ def test_placement_indices_answer_as_a_scan(placements: list[tuple[str, list[str
         assert view.placed_on(module) == scanned
         assert view.is_placed_anywhere(module) == bool(scanned)
         assert all(view.is_placed(module, node) == (node in scanned) for node in NODES)
+
+
+providers = st.lists(
+    st.tuples(st.sampled_from(("bee.app.cache", "cat.app.cache", "cat.web.db")),
+              st.none() | st.tuples(st.sampled_from(MODULES), st.sampled_from(NODES))),
+    max_size=30,
+)
+
+
+@given(providers)
+def test_provider_indices_answer_as_a_scan(writes: list[tuple[str, tuple[str, str] | None]]) -> None:
+    view = MemoryView()
+    for revision, (key, provider) in enumerate(writes, 1):
+        if provider is None:
+            view.apply(PROVISIONS, key, None)
+        else:
+            consumer, module, provision = key.split(".")
+            raw = json.dumps({"provision": provision, "consumer": {"module": module, "node": consumer},
+                              "provider": {"module": provider[0], "node": provider[1]}, "state": "asked"}).encode()
+            view.put(PROVISIONS, key, raw, revision)
+    held = {key: p for key in view.keys(PROVISIONS)
+            if (e := view.get(PROVISIONS, key)) is not None and (p := e.get(r.Provision)) is not None}
+    for node in NODES:
+        assert view.provided_on(node) == {key for key, p in held.items() if p.provider.node == node}
+        for module in MODULES:
+            assert view.provided_by(module, node) == {
+                key for key, p in held.items() if (p.provider.module, p.provider.node) == (module, node)
+            }

@@ -66,8 +66,9 @@ def test_6_placement_of_mesh_vault_wakes_every_node_with_a_credential() -> None:
 
 def test_6_want_wakes_its_node_and_the_keys_its_module_provides_there() -> None:
     m = mesh()
-    assert m.want("ace", "redis", "1") == Woken(frozenset({"ace"}), frozenset({"bee.app.cache"}))
-    assert m.want("bee", "app", "1") == Woken(frozenset({"bee"}))
+    # Every key woken is redis' on ace: ace's actor judges them together.
+    assert m.want("ace", "redis", "1") == Woken(frozenset({"ace"}), frozenset({"bee.app.cache"}), provider_node="ace")
+    assert m.want("bee", "app", "1") == Woken(frozenset({"bee"}), provider_node="bee")
 
 
 def test_6_module_build_and_manifest_wake_where_it_is_placed_provides_and_is_needed() -> None:
@@ -89,7 +90,7 @@ def test_6_module_build_and_manifest_wake_where_it_is_placed_provides_and_is_nee
 
 def test_6_have_wakes_its_node_and_the_keys_its_module_provides_there() -> None:
     m = mesh()
-    assert m.have("ace", "redis", "1") == Woken(frozenset({"ace"}), frozenset({"bee.app.cache"}))
+    assert m.have("ace", "redis", "1") == Woken(frozenset({"ace"}), frozenset({"bee.app.cache"}), provider_node="ace")
     assert m.have("ace", "ace", "1").nodes == {"ace"}
 
 
