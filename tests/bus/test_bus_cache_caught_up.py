@@ -113,44 +113,46 @@ def put(loop: EventLoopThread, other: Client, key: str) -> int:
     return revision
 
 
-def test_caught_up_is_false_while_the_leader_holds_a_change_the_watch_has_not_brought(
+ACE, BEE = "ace.gitea.pg-credential.main", "bee.mailer.pg-credential.mail"
+
+
+@pytest.fixture
+def behind(
     lagging: LaggingServer, loop: EventLoopThread, nc: Client, other: Client, nats_server: NatsServer
-) -> None:
+) -> Iterator[Cache]:
+    """A cache caught up with ace's entry, whose watch's server then fell behind, and bee's entry put since."""
     seed_buckets(nats_server.url, [STATE])
-    put(loop, other, "ace.gitea.pg-credential.main")
+    put(loop, other, ACE)
     cache = started(loop, nc)
     try:
         assert loop.run(cache.caught_up(), 10)
         lagging.lag(loop)
-        put(loop, other, "bee.mailer.pg-credential.mail")
-        # The consumer's server says all is delivered; the leader holds bee's entry, which memory has not.
-        assert not loop.run(cache.caught_up(), 10)
-        assert cache.view.get(STATE, "bee.mailer.pg-credential.mail") is None
-        lagging.catch_up(loop)
-        wait_until(lambda: loop.run(cache.caught_up(), 10), what="the cache caught up")
-        assert cache.view.get(STATE, "bee.mailer.pg-credential.mail") is not None
+        put(loop, other, BEE)
+        yield cache
     finally:
+        lagging.catch_up(loop)
         loop.run(cache.stop(), 10)
+
+
+def test_caught_up_is_false_while_the_leader_holds_a_change_the_watch_has_not_brought(
+    behind: Cache, lagging: LaggingServer, loop: EventLoopThread
+) -> None:
+    # The consumer's server says all is delivered; the leader holds bee's entry, which memory has not.
+    assert not loop.run(behind.caught_up(), 10)
+    assert behind.view.get(STATE, BEE) is None
+    lagging.catch_up(loop)
+    wait_until(lambda: loop.run(behind.caught_up(), 10), what="the cache caught up")
+    assert behind.view.get(STATE, BEE) is not None
 
 
 def test_caught_up_once_what_the_watch_missed_was_removed_from_the_stream(
-    lagging: LaggingServer, loop: EventLoopThread, nc: Client, other: Client, nats_server: NatsServer
+    behind: Cache, loop: EventLoopThread, other: Client
 ) -> None:
     # The leader's last revision is past memory's, but no message after memory's is left to bring: caught up.
-    seed_buckets(nats_server.url, [STATE])
-    put(loop, other, "ace.gitea.pg-credential.main")
-    cache = started(loop, nc)
-    try:
-        lagging.lag(loop)
-        put(loop, other, "bee.mailer.pg-credential.mail")
-
-        async def purge() -> None:
-            await other.jetstream().purge_stream(f"KV_{bucket(STATE)}")
-        loop.run(purge(), 10)
-        assert loop.run(cache.caught_up(), 10)
-    finally:
-        lagging.catch_up(loop)
-        loop.run(cache.stop(), 10)
+    async def purge() -> None:
+        await other.jetstream().purge_stream(f"KV_{bucket(STATE)}")
+    loop.run(purge(), 10)
+    assert loop.run(behind.caught_up(), 10)
 
 
 def test_caught_up_is_false_while_a_watch_is_down(
