@@ -29,11 +29,13 @@ class Composition(msgspec.Struct, frozen=True):
 
 class Memo:
     """What one composition of a node works out once for both of its compositions (at its wants, at the newest
-    builds): each module's plan at a build, and where each provision is offered. Kept for one view, never longer."""
+    builds): each module's plan at a build, and whether and where each provision is offered. Kept for one view,
+    never longer."""
 
     def __init__(self) -> None:
         self.plans: dict[tuple[str, str], tuple[r.Plan | None, str]] = {}
         self.providers: dict[str, list[str]] = {}
+        self.anywhere: dict[str, bool] = {}
         self.offered: dict[str, dict[str, list[str]]] = {}
 
 
@@ -171,8 +173,14 @@ def choose_provider(
         if memo is not None:
             memo.providers[provision] = providers
     here = [p for p in providers if view.is_placed(p, node)]
-    if not here and not any(view.is_placed_anywhere(p) for p in providers):
-        return None, f"no placed module provides {provision}"
+    if not here:
+        anywhere = memo.anywhere.get(provision) if memo is not None else None
+        if anywhere is None:
+            anywhere = any(view.is_placed_anywhere(p) for p in providers)
+            if memo is not None:
+                memo.anywhere[provision] = anywhere
+        if not anywhere:
+            return None, f"no placed module provides {provision}"
     resolved, why = resolved_node(view, node, module, provision)
     if why:
         return None, why
