@@ -7,6 +7,9 @@ of the node compose (the seeds' issue 774: one bad module must not drop its node
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import msgspec
 
 from mesh_provisioner.messages import records as r
@@ -14,6 +17,8 @@ from mesh_provisioner.rules import keys as k
 from mesh_provisioner.rules.view import BUILDS, MODULES, PLACEMENT, RESOLVED, View, manifest
 
 CREDENTIAL_FORMS = ("", "own", "shared")
+
+T = TypeVar("T")
 
 
 class CannotCompose(Exception):
@@ -167,20 +172,11 @@ def choose_provider(
     resolves for this module on this node, else the consumer's own node, else the one node where one is placed.
     Two providers on the chosen node: the first by name (5.1, 3).
     """
-    providers = memo.providers.get(provision) if memo is not None else None
-    if providers is None:
-        providers = sorted(view.providers_of(provision))
-        if memo is not None:
-            memo.providers[provision] = providers
+    m = memo if memo is not None else Memo()  # without one, each answer is worked out for this choice alone
+    providers = _kept(m.providers, provision, lambda: sorted(view.providers_of(provision)))
     here = [p for p in providers if view.is_placed(p, node)]
-    if not here:
-        anywhere = memo.anywhere.get(provision) if memo is not None else None
-        if anywhere is None:
-            anywhere = any(view.is_placed_anywhere(p) for p in providers)
-            if memo is not None:
-                memo.anywhere[provision] = anywhere
-        if not anywhere:
-            return None, f"no placed module provides {provision}"
+    if not here and not _kept(m.anywhere, provision, lambda: any(view.is_placed_anywhere(p) for p in providers)):
+        return None, f"no placed module provides {provision}"
     resolved, why = resolved_node(view, node, module, provision)
     if why:
         return None, why
@@ -191,11 +187,7 @@ def choose_provider(
     if here:
         return (node, here[0]), ""
     # Every node where it is offered: read only when the nodes at hand do not decide, as it lists them all.
-    on = memo.offered.get(provision) if memo is not None else None
-    if on is None:
-        on = offered_on(view, provision, providers)
-        if memo is not None:
-            memo.offered[provision] = on
+    on = _kept(m.offered, provision, lambda: offered_on(view, provision, providers))
     if len(on) == 1:
         only = next(iter(on))
         return (only, on[only][0]), ""
@@ -203,6 +195,13 @@ def choose_provider(
     return None, (
         f"{provision} is provided on several nodes ({nodes}) and mesh-config resolves none for {module} on {node}"
     )
+
+
+def _kept(answers: dict[str, T], provision: str, work_out: Callable[[], T]) -> T:
+    """A memo's answer for a provision, worked out and kept the first time it is asked for."""
+    if provision not in answers:
+        answers[provision] = work_out()
+    return answers[provision]
 
 
 def offered_on(view: View, provision: str, providers: list[str] | None = None) -> dict[str, list[str]]:
