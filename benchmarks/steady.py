@@ -28,6 +28,7 @@ import nats
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from benchmarks.mesh import Mesh
+from mesh_provisioner.bus.cache import Cache
 from mesh_provisioner.rules.view import HAVE, PROVISIONS, WANTS, bound, bucket
 
 
@@ -80,16 +81,19 @@ class Load:
 
 
 async def provision_states(nc: nats.NATS) -> dict[str, _Written]:
-    """Every provision key's current state, read once through a watch."""
-    kv = await nc.jetstream().key_value(bucket(PROVISIONS))
+    """Every provision key's current state, read once as the seat's cache loads a bucket (a bare watch may say it
+    has delivered every value before it has, and the read then finds nothing)."""
+    cache = Cache(nc, states=[PROVISIONS])
+    await cache.start()
+    try:
+        await cache.wait_synced(60)
+    finally:
+        await cache.stop()
     out: dict[str, _Written] = {}
-    watcher = await kv.watchall()
-    async for e in watcher:
-        if e is None:
-            break
-        if e.value:
-            out[e.key] = _decode(e.value)
-    await watcher.stop()
+    for key in cache.view.keys(PROVISIONS):
+        e = cache.view.get(PROVISIONS, key)
+        if e is not None and e.raw:
+            out[key] = _decode(e.raw)
     return out
 
 
