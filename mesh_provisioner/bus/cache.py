@@ -34,7 +34,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue, StopIterSentinel
 
-from mesh_provisioner.bus.connection import link, open_bucket, stream_of
+from mesh_provisioner.bus.connection import link, open_bucket, stream_of, subject_of
 from mesh_provisioner.rules.view import (
     APPLIED,
     ASK_RECORDS,
@@ -196,7 +196,7 @@ class Cache:
         """Whether the stream holds no message after `revision`: those after it were removed before the watch
         delivered them (a key's history rolled up, an entry past its age), so there is nothing more to apply."""
         try:
-            await self._js.get_msg(stream_of(state), seq=revision + 1, subject=f"$KV.{bucket(state)}.>", next=True)
+            await self._js.get_msg(stream_of(state), seq=revision + 1, subject=subject_of(state, ">"), next=True)
         except nats.js.errors.NotFoundError:
             return True
         return False

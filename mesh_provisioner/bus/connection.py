@@ -65,6 +65,11 @@ def stream_of(state: str) -> str:
     return f"KV_{bucket(state)}"
 
 
+def subject_of(state: str, key: str) -> str:
+    """The subject of a key of a state's bucket, `$KV.<bucket>.<key>` (`>`: every key)."""
+    return f"$KV.{bucket(state)}.{key}"
+
+
 class Link:
     """What the bus layer keeps beside one NATS client: how many requests went out, and who hears it reconnect or
     close."""
@@ -269,7 +274,7 @@ async def open_bucket(js: JetStreamContext, state: str) -> tuple[KeyValue, api.S
         info = await js.stream_info(stream)
     except nats.js.errors.NotFoundError:
         raise nats.js.errors.BucketNotFoundError from None
-    kv = KeyValue(name=name, stream=stream, pre=f"$KV.{name}.", js=js, direct=bool(info.config.allow_direct))
+    kv = KeyValue(name=name, stream=stream, pre=subject_of(state, ""), js=js, direct=bool(info.config.allow_direct))
     return kv, info
 
 

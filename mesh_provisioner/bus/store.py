@@ -31,7 +31,7 @@ from nats.js import api
 from nats.js.kv import KV_DEL, KV_OP, KeyValue
 
 from mesh_provisioner.bus.cache import Cache
-from mesh_provisioner.bus.connection import link, open_bucket
+from mesh_provisioner.bus.connection import link, open_bucket, subject_of
 from mesh_provisioner.messages.writes import Delete, Put, Write
 from mesh_provisioner.rules.keys import is_token
 from mesh_provisioner.rules.view import bucket
@@ -320,7 +320,7 @@ class Store:
             # messages/writes.py: a delete of revision 0 is never made (it would be a blind delete).
             raise Refused(f"{_what(write)} is not made: a delete needs the revision it was judged from")
         await self._bucket(write.state)
-        subject = f"$KV.{bucket(write.state)}.{write.key}"
+        subject = subject_of(write.state, write.key)
         expected = {api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: str(write.revision)}
         if isinstance(write, Put):
             return subject, write.value, expected
