@@ -11,6 +11,9 @@ nats-server on loopback.
   to the write it causes: `latency_p50_ms`, `latency_p99_ms`.
 - head-of-line blocking: the same load while one heavy node (500 modules) changes all the time: `light_p99_ms`,
   and `ratio_vs_serial_p99`, the light p99 of a seat with `max_parallel=1` over that of the seat as configured.
+- the bus layer's ceiling (`benchmarks.floor`): as many writes as the cold start made, through the seat's cache
+  and store alone, no rules and no actors: `floor_writes_per_s` and `floor_ratio_vs_limit`, the most
+  `ratio_vs_limit` the seat could reach here.
 
 `--quick` makes everything small (a smoke run for the tests, not a measurement).
 """
@@ -33,6 +36,7 @@ import nats
 import nats.js.errors
 
 from benchmarks import seed_design, steady
+from benchmarks.floor import bus_floor
 from benchmarks.mesh import generate, load
 from mesh_provisioner.bus.embedded import EmbeddedServer, server_binary
 from mesh_provisioner.config import Config
@@ -63,18 +67,20 @@ async def _put_limit(url: str, n: int, window: int, value: bytes) -> float:
         await nc.close()
 
 
+# A value the size of a typical provision record: what the limit and the floor write.
+RECORD = json.dumps({
+    "provision": "postgres-database", "local": "main",
+    "consumer": {"module": "app-017", "node": "n00042"}, "provider": {"module": "postgres", "node": "n00007"},
+    "depends-on": ["n00042.app-017.postgres-database-credential.main"], "state": "provided",
+    "reference": {"id": "vault/n00042.app-017.postgres-database.main", "generation": 1},
+    "at": "2026-12-03T05:00:00.123456Z", "v": 1,
+}, separators=(",", ":")).encode()
+
+
 def put_limit(url: str, n: int, windows: tuple[int, ...] = (100, 250, 500, 1000, 4000)) -> dict[str, Any]:
     """Pipelined puts a second of one nats-py connection, by window; the best of them is the limit."""
-    # A value the size of a typical provision record.
-    value = json.dumps({
-        "provision": "postgres-database", "local": "main",
-        "consumer": {"module": "app-017", "node": "n00042"}, "provider": {"module": "postgres", "node": "n00007"},
-        "depends-on": ["n00042.app-017.postgres-database-credential.main"], "state": "provided",
-        "reference": {"id": "vault/n00042.app-017.postgres-database.main", "generation": 1},
-        "at": "2026-12-03T05:00:00.123456Z", "v": 1,
-    }, separators=(",", ":")).encode()
-    by_window = {w: asyncio.run(_put_limit(url, n, w, value)) for w in windows}
-    return {"kv_put_limit": max(by_window.values()), "kv_put_limit_by_window": by_window, "value_bytes": len(value)}
+    by_window = {w: asyncio.run(_put_limit(url, n, w, RECORD)) for w in windows}
+    return {"kv_put_limit": max(by_window.values()), "kv_put_limit_by_window": by_window, "value_bytes": len(RECORD)}
 
 
 async def _reset(url: str) -> None:
@@ -251,6 +257,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out["head_of_line"] = hol
         out["light_p99_ms"] = hol["parallel"]["p99_ms"]
         out["ratio_vs_serial_p99"] = hol["serial"]["p99_ms"] / hol["parallel"]["p99_ms"]
+
+        # The bus layer's ceiling: the cold start's writes, in batches of its writes a node, without the seat.
+        reset(url)
+        floor = bus_floor(url, c["writes"], max(1, round(c["writes"] / args.nodes)), Config().max_parallel, RECORD)
+        out["bus_floor"] = floor
+        out["floor_writes_per_s"] = floor["writes_per_s"]
+        out["floor_ratio_vs_limit"] = floor["writes_per_s"] / out["kv_put_limit"]
+        log(f"bus floor: {floor['writes']} writes in {floor['seconds']:.2f} s = {floor['writes_per_s']:.0f}/s "
+            f"(ratio {out['floor_ratio_vs_limit']:.2f}), {floor['cpu_us_per_write']:.1f} µs of CPU a write")
     return out
 
 
@@ -317,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1) + "\n")
     keys = ("kv_put_limit", "writes", "seconds", "writes_per_s", "ratio_vs_limit", "ratio_vs_seed_design",
-            "latency_p50_ms", "latency_p99_ms", "light_p99_ms", "ratio_vs_serial_p99", "peak_rss_bytes_per_key")
+            "latency_p50_ms", "latency_p99_ms", "light_p99_ms", "ratio_vs_serial_p99", "peak_rss_bytes_per_key",
+            "floor_writes_per_s", "floor_ratio_vs_limit")
     for key in keys:
         print(f"{key:24} {out[key]:.4g}")
     return 0

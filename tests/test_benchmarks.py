@@ -11,7 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ("kv_put_limit", "writes", "seconds", "writes_per_s", "ratio_vs_limit", "ratio_vs_seed_design",
-           "latency_p50_ms", "latency_p99_ms", "light_p99_ms", "ratio_vs_serial_p99", "peak_rss_bytes_per_key")
+           "latency_p50_ms", "latency_p99_ms", "light_p99_ms", "ratio_vs_serial_p99", "peak_rss_bytes_per_key",
+           "floor_writes_per_s", "floor_ratio_vs_limit")
 
 
 @pytest.mark.slow
@@ -28,3 +29,4 @@ def test_converge_quick_writes_every_figure(tmp_path: Path) -> None:
     assert figures["writes"] > 0 and figures["seconds"] > 0
     assert figures["steady"]["matched"] > 0
     assert set(figures["head_of_line"]) == {"parallel", "serial"}
+    assert figures["bus_floor"]["writes"] == figures["writes"]
