@@ -336,12 +336,13 @@ class Supervisor:
             return
         woken = woken_by(self.view, state, key, old, new)
         at = time.monotonic()
+        changed = Changed(at, state, key, new.revision) if new is not None else Changed(at)
         for node in woken.nodes:
             if not is_token(node):
                 # Section 7: a key whose node is not a token is bad input; it gets no actor of its own, as at start.
                 log.warning("%s %s names no node (%r is not a token): nothing is composed for it", state, key, node)
                 continue
-            self.tell(self._node(node), Changed(at))
+            self.tell(self._node(node), changed)
         if woken.keys:
             # The keys a provider's own word changes are judged together, in one batch of writes, by one actor:
             # its bound actor, or its node's (which that word wakes to compose anyway). Writes are compare-and-set,

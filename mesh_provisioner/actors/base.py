@@ -244,6 +244,7 @@ class SeatActor(pykka.ThreadingActor):
                 self.failures = 0
                 return ""
             applied = self.seat.apply(writes)
+            self.landed(applied)
             if applied.conflict is None and not applied.error:
                 self.failures = 0
                 if since:
@@ -256,6 +257,9 @@ class SeatActor(pykka.ThreadingActor):
                 # Judged again from what memory holds, it would conflict again: done again later, as a failed write.
                 return self._again_later(again, f"{why}, and could not be read again")
         return f"{why}, {retries + 1} times; it is judged again at its next change"
+
+    def landed(self, applied: Applied) -> None:
+        """Told each batch `write` applied, with what landed of it."""
 
     def _again_later(self, again: Message | None, why: str) -> str:
         """Have `again`, the message that redoes a piece of work the bus failed, come back after a backoff."""

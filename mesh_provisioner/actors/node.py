@@ -2,7 +2,11 @@
 
 As a workqueue of controller-runtime: a node is never composed twice at once (one actor, one thread), and ten
 changes arriving while it composes give one more composition, not ten; none is lost, since a change arriving
-during a composition always causes another (design.md, "Coalescing").
+during a composition always causes another (design.md, "Coalescing"). The one exception is a change the composition
+wrote itself, which wakes its node too (contract section 6: a key's depends-on names its node's own credentials; a
+plan wakes the node consuming it): composing again would write nothing, since a composition judges each key after
+the writes it made before it (`Overlay`), and its node's own keys are not among those "another node's provision
+depends on" (`View.depended_on`). A cold start of 1,000 nodes made 10,000 such wakes.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import logging
 import threading
 from typing import Any
 
-from mesh_provisioner.actors.base import InFlight, Seat, SeatActor, earliest
+from mesh_provisioner.actors.base import Applied, InFlight, Seat, SeatActor, earliest
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import Changed, ComposeNode, Look, Rejudge, Resync, Tick
 from mesh_provisioner.messages.writes import Write
@@ -39,6 +43,11 @@ class NodeActor(SeatActor):
         self.dirty = False
         self.keys: set[str] = set()
         self.compositions = 0
+        # What this node's last composition wrote, each (state, key, revision): every wake one of them causes is
+        # routed while the write is made (the cache applies it before the store answers), so it is in the mailbox
+        # before the composition ends, and is read before the next one begins.
+        self.written: set[tuple[str, str, int]] = set()
+        self.composing = False
         # The earliest change each pending piece of work answers (monotonic seconds; 0: none, or unknown).
         self.changed_since = 0.0
         self.keys_since = 0.0
@@ -51,6 +60,8 @@ class NodeActor(SeatActor):
                 self.compose()
             self._rejudge_pending()
         elif isinstance(message, Changed | Resync):
+            if isinstance(message, Changed) and (message.state, message.key, message.revision) in self.written:
+                return None
             self.dirty = True
             self.changed_since = earliest(self.changed_since, getattr(message, "at", 0.0))
             if isinstance(message, Resync):
@@ -92,17 +103,22 @@ class NodeActor(SeatActor):
         self.dirty = False
         since, self.changed_since = self.changed_since, 0.0
         result: list[r.Composed] = []
+        self.written.clear()
 
         def judge() -> list[Write]:
             done = compose_node(self.seat.view, self.node, self.seat.now())
             result[:] = [done.composed]
             return done.writes
 
-        if self.parallel is not None:
-            with self.parallel:
+        self.composing = True
+        try:
+            if self.parallel is not None:
+                with self.parallel:
+                    why = self.write(judge, self.retries, since, Changed())
+            else:
                 why = self.write(judge, self.retries, since, Changed())
-        else:
-            why = self.write(judge, self.retries, since, Changed())
+        finally:
+            self.composing = False
         self.compositions += 1
         self.seat.metrics.compositions.inc()
         composed = result[0]
@@ -113,6 +129,11 @@ class NodeActor(SeatActor):
         if composed.retiring_asked:
             self.seat.tell("asker", Look(frozenset(composed.retiring_asked)))
         return composed
+
+    def landed(self, applied: Applied) -> None:
+        """Keep what a composition wrote, so that the wakes of its own writes compose nothing again."""
+        if self.composing:
+            self.written.update((w.state, w.key, revision) for w, revision in applied.done)
 
     def _rejudge_pending(self) -> None:
         keys, self.keys = sorted(self.keys), set()

@@ -18,6 +18,10 @@ class Changed(Message, frozen=True):
 
     at: float = 0.0
     """When the change reached the cache (monotonic seconds), to measure the time to its write; 0: unknown."""
+    state: str = ""
+    key: str = ""
+    revision: int = 0
+    """The change that woke the node: a value of `state` at `key` put at `revision` ("", 0: unknown, or a delete)."""
 
 
 class Tick(Message, frozen=True):

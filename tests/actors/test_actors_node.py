@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime
 
+import msgspec
 import pytest
 from helpers import wait_until
 from seatbus import Bus, assert_fixed_point, settle
@@ -19,7 +20,7 @@ from mesh_provisioner.actors import node as node_actor
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import Changed, Resync
 from mesh_provisioner.rules.node import Result
-from mesh_provisioner.rules.view import PLACEMENT, WANTS, View
+from mesh_provisioner.rules.view import BUILDS, MANIFESTS, MODULES, PLACEMENT, PROVISIONS, WANTS, View
 from mesh_provisioner.supervisor import Supervisor
 
 HOLD = 30.0  # the most a held composition waits for its release: a failing test ends, it does not hang
@@ -180,4 +181,49 @@ def test_a_composition_asked_for_that_fails_loses_no_pending_change(
     assert failed == ["bee"]
     held = mesh.refusal("bee.mailer")
     assert held is not None and "ml9" in held.why
+    assert_fixed_point(mesh)
+
+
+NOTE = "bee.notifier.postgres-database.note"  # its depends-on names bee: its own credential
+
+
+def _place_notifier(mesh: Bus) -> None:
+    """A module on bee needing a database with a credential of its own, on bee: its key's depends-on names bee."""
+    mesh.put(MANIFESTS, "m-notifier", {"name": "notifier", "requires": [
+        {"provision": "postgres-database", "local": "note", "credential": "own"}]})
+    mesh.put(MODULES, "notifier", {"module": "notifier", "fp": "nt1", "manifest": "m-notifier"})
+    mesh.put(BUILDS, "notifier.nt1", {"module": "notifier", "fp": "nt1", "manifest": "m-notifier"})
+
+
+def test_a_wake_caused_by_the_nodes_own_composition_composes_nothing_again(
+    spy: ComposeSpy, sup: Supervisor, mesh: Bus
+) -> None:
+    _place_notifier(mesh)
+    settle(sup)
+    before = spy.count["bee"]
+    mesh.put(PLACEMENT, "bee", {"node": "bee", "modules": [{"module": m} for m in ("webapp", "reports", "mailer",
+                                                                                      "notifier")]})
+    settle(sup)
+    # The placement wakes bee once; its new key's depends-on names bee (contract section 6), but that change is
+    # bee's own composition's: composing again would write nothing.
+    written = mesh.provision(NOTE)
+    assert written is not None and written.depends_on == ("bee.notifier.postgres-database-credential.note",)
+    assert spy.count["bee"] - before == 1, spy.count
+    assert_fixed_point(mesh)
+
+
+def test_a_change_of_the_nodes_key_by_another_writer_still_wakes_it(
+    spy: ComposeSpy, sup: Supervisor, mesh: Bus
+) -> None:
+    _place_notifier(mesh)
+    mesh.put(PLACEMENT, "bee", {"node": "bee", "modules": [{"module": m} for m in ("webapp", "reports", "mailer",
+                                                                                      "notifier")]})
+    settle(sup)
+    before = spy.count["bee"]
+    # The same key, written by someone else: its depends-on, which names bee, changed under bee (section 6).
+    forged = mesh.provision(NOTE)
+    assert forged is not None
+    mesh.put(PROVISIONS, NOTE, r.encode(msgspec.structs.replace(forged, depends_on=())))
+    settle(sup)
+    assert spy.count["bee"] > before, spy.count
     assert_fixed_point(mesh)
