@@ -25,11 +25,7 @@ from mesh_provisioner.rules.view import PROVISIONS
 
 async def _floor(url: str, writes: int, batch: int, parallel: int, value: bytes) -> dict[str, Any]:
     nc = await nats.connect(url)
-    js = nc.jetstream(timeout=60)
-    await ensure_buckets(js, [PROVISIONS])
     cache = Cache(nc, states=[PROVISIONS])
-    await cache.start()
-    await cache.wait_synced(60)
     store = Store(nc, cache, timeout=60)
     batches = [[Put(PROVISIONS, f"n{b:05d}.app-{i:03d}.postgres-database.main", value, 0)
                 for i in range(min(batch, writes - b * batch))] for b in range((writes + batch - 1) // batch)]
@@ -42,6 +38,9 @@ async def _floor(url: str, writes: int, batch: int, parallel: int, value: bytes)
                 raise RuntimeError(f"a write of the floor did not land: {applied.error}")
 
     try:
+        await ensure_buckets(nc.jetstream(timeout=60), [PROVISIONS])
+        await cache.start()
+        await cache.wait_synced(60)
         start, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(worker() for _ in range(parallel)))
         while not await cache.caught_up():  # every echo applied, as the seat's settled state needs
