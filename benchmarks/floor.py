@@ -1,8 +1,8 @@
 """The bus layer's own ceiling: how fast the seat's writes could land if composing and routing cost nothing.
 
 The seat's cache watches the seat's provisions bucket (each write comes back as its echo, and is put into memory at
-its acknowledgement: read your writes), and its store writes batches of compare-and-sets, a composition's size
-each, `max_parallel` batches at once, on one connection and one event loop, as the cold start does. No rule, no
+its acknowledgement: read your writes), and its store writes batches of compare-and-sets, about a composition's
+size each, `max_parallel` batches at once, on one connection and one event loop, as the cold start does. No rule, no
 actor, no thread: what is left is nats-py and the bus layer (`bus/cache.py`, `bus/store.py`) alone. Its writes a
 second over the put limit is the most `ratio_vs_limit` the seat can reach on this machine; whatever the rules and
 the actors cost comes on top.
