@@ -90,8 +90,9 @@ async def _reset(url: str) -> None:
     nc = await nats.connect(url)
     try:
         js = nc.jetstream(timeout=60)
-        for name in await js.streams_info():
-            await js.delete_stream(name.config.name)
+        for info in await js.streams_info():
+            if info.config.name:
+                await js.delete_stream(info.config.name)
     finally:
         await nc.close()
 

@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -18,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 
-def scaling(data: dict, out: Path) -> None:
+def scaling(data: dict[str, Any], out: Path) -> None:
     runs = data["runs"]
     nodes = [r["nodes"] for r in runs]
     seconds = [r["seconds"] for r in runs]
@@ -35,7 +36,7 @@ def scaling(data: dict, out: Path) -> None:
     fig.savefig(out, dpi=110)
 
 
-def latency(data: dict, out: Path) -> None:
+def latency(data: dict[str, Any], out: Path) -> None:
     series = [("steady state", data["steady"])]
     hol = data.get("head_of_line", {})
     if "parallel" in hol:

@@ -196,7 +196,7 @@ async def _keys(kv: KeyValue) -> list[str]:
             keys.append(entry.key)
     finally:
         consumer = getattr(watcher._sub, "_consumer", None)
-        await watcher.stop()
+        await watcher.stop()  # type: ignore[no-untyped-call]
         if isinstance(consumer, str):
             with contextlib.suppress(nats.errors.Error):
                 await kv._js.delete_consumer(kv._stream, consumer)
@@ -205,7 +205,7 @@ async def _keys(kv: KeyValue) -> list[str]:
 
 async def _write(js: Any, state_bucket: str, w: Write) -> None:
     """One write, awaited: a put (a create at revision 0) or a delete, each a compare-and-set as the seat's."""
-    headers = {api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE: str(w.revision)}
+    headers = {api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: str(w.revision)}
     if isinstance(w, Delete):
         headers[KV_OP] = KV_DEL
         await js.publish(f"$KV.{state_bucket}.{w.key}", b"", headers=headers)

@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 import nats
+from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from benchmarks.mesh import Mesh
@@ -80,7 +81,7 @@ class Load:
         return ordered[rank]
 
 
-async def provision_states(nc: nats.NATS) -> dict[str, _Written]:
+async def provision_states(nc: Client) -> dict[str, _Written]:
     """Every provision key's current state, read once as the seat's cache loads a bucket (a bare watch may say it
     has delivered every value before it has, and the read then finds nothing)."""
     cache = Cache(nc, states=[PROVISIONS])
@@ -200,8 +201,8 @@ class Driver:
                 value = {"state": "failed", "why": tag}
                 return bound(provider), key, _json(value), lambda w, t=tag: w.state == "failed" and w.why == t
             generation = 1_000_000 + self.seq
-            value = {"state": "provided", "vault-name": f"vault/{key}", "generation": generation}
-            return bound(provider), key, _json(value), (
+            entry = {"state": "provided", "vault-name": f"vault/{key}", "generation": generation}
+            return bound(provider), key, _json(entry), (
                 lambda w, g=generation: w.state == "provided" and w.reference is not None
                 and w.reference.generation == g
             )
@@ -267,8 +268,8 @@ class Driver:
                     heavy_owed -= 1
                     self.seq += 1
                     module = heavy.keys[self.seq % len(heavy.keys)]
-                    value = {"fp": "1", "phase": "running", "health": "ok", "detail": f"tick-{self.seq}"}
-                    await nc.publish(f"$KV.{bucket(HAVE)}.{heavy.node}.{module}", _json(value))
+                    tick_have = {"fp": "1", "phase": "running", "health": "ok", "detail": f"tick-{self.seq}"}
+                    await nc.publish(f"$KV.{bucket(HAVE)}.{heavy.node}.{module}", _json(tick_have))
                     self.load.heavy_changes += 1
                 next_tick += tick
                 await asyncio.sleep(max(0.0, next_tick - time.perf_counter()))
