@@ -270,7 +270,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out["head_of_line"] = hol
         out["light_p99_ms"] = hol["parallel"]["p99_ms"]
         out["ratio_vs_serial_p99"] = hol["serial"]["p99_ms"] / hol["parallel"]["p99_ms"]
-
     return out
 
 

@@ -229,13 +229,14 @@ class SeatActor(pykka.ThreadingActor):
             self.seat.exited(ChildExited(self.name, self.actor_urn, failed=failed, why=why))
 
     def write(self, judge: Callable[[], list[Write]], retries: int, since: float = 0.0,
-              again: Message | None = None) -> str:
+              again: Message | None = None, written: set[tuple[str, str, int]] | None = None) -> str:
         """Judge and apply writes by compare-and-set; on a conflict read the key again and judge again.
 
         Answers "" once the writes landed (or there were none), else why they did not: never a blind put. `since`
         is when the change that asked for this judgement reached the cache, for the change-to-write histogram.
         A write that failed for another reason than a conflict (the bus out of reach, say) is not lost: `again`,
-        the message that redoes this work, comes back after a backoff (design.md, property 3).
+        the message that redoes this work, comes back after a backoff (design.md, property 3). Each write that
+        landed is added to `written`, when given, as (state, key, revision).
         """
         why = ""
         for _ in range(retries + 1):
@@ -244,7 +245,8 @@ class SeatActor(pykka.ThreadingActor):
                 self.failures = 0
                 return ""
             applied = self.seat.apply(writes)
-            self.landed(applied)
+            if written is not None:
+                written.update((w.state, w.key, revision) for w, revision in applied.done)
             if applied.conflict is None and not applied.error:
                 self.failures = 0
                 if since:
@@ -257,9 +259,6 @@ class SeatActor(pykka.ThreadingActor):
                 # Judged again from what memory holds, it would conflict again: done again later, as a failed write.
                 return self._again_later(again, f"{why}, and could not be read again")
         return f"{why}, {retries + 1} times; it is judged again at its next change"
-
-    def landed(self, applied: Applied) -> None:
-        """Told each batch `write` applied, with what landed of it."""
 
     def _again_later(self, again: Message | None, why: str) -> str:
         """Have `again`, the message that redoes a piece of work the bus failed, come back after a backoff."""

@@ -11,11 +11,12 @@ depends on" (`View.depended_on`). A cold start of 1,000 nodes made 10,000 such w
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from typing import Any
 
-from mesh_provisioner.actors.base import Applied, InFlight, Seat, SeatActor, earliest
+from mesh_provisioner.actors.base import InFlight, Seat, SeatActor, earliest
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import Changed, ComposeNode, Look, Rejudge, Resync, Tick
 from mesh_provisioner.messages.writes import Write
@@ -47,7 +48,6 @@ class NodeActor(SeatActor):
         # routed while the write is made (the cache applies it before the store answers), so it is in the mailbox
         # before the composition ends, and is read before the next one begins.
         self.written: set[tuple[str, str, int]] = set()
-        self.composing = False
         # The earliest change each pending piece of work answers (monotonic seconds; 0: none, or unknown).
         self.changed_since = 0.0
         self.keys_since = 0.0
@@ -110,15 +110,8 @@ class NodeActor(SeatActor):
             result[:] = [done.composed]
             return done.writes
 
-        self.composing = True
-        try:
-            if self.parallel is not None:
-                with self.parallel:
-                    why = self.write(judge, self.retries, since, Changed())
-            else:
-                why = self.write(judge, self.retries, since, Changed())
-        finally:
-            self.composing = False
+        with self.parallel if self.parallel is not None else contextlib.nullcontext():
+            why = self.write(judge, self.retries, since, Changed(), self.written)
         self.compositions += 1
         self.seat.metrics.compositions.inc()
         composed = result[0]
@@ -129,11 +122,6 @@ class NodeActor(SeatActor):
         if composed.retiring_asked:
             self.seat.tell("asker", Look(frozenset(composed.retiring_asked)))
         return composed
-
-    def landed(self, applied: Applied) -> None:
-        """Keep what a composition wrote, so that the wakes of its own writes compose nothing again."""
-        if self.composing:
-            self.written.update((w.state, w.key, revision) for w, revision in applied.done)
 
     def _rejudge_pending(self) -> None:
         keys, self.keys = sorted(self.keys), set()
