@@ -79,8 +79,11 @@ def kind_of(state: str) -> type[Any] | None:
     return _KINDS.get(state)
 
 
-class Entry(msgspec.Struct, frozen=True):
-    """One key's value as read: its revision, the bytes, the decoded record, or why it did not decode."""
+class Entry(msgspec.Struct, frozen=True, gc=False):
+    """One key's value as read: its revision, the bytes, the decoded record, or why it did not decode.
+
+    Untracked by the cycle collector, as records are (messages/records.py): it holds bytes, a record and a string.
+    """
 
     revision: int
     raw: bytes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from datetime import UTC, datetime, timedelta, timezone
 
@@ -9,7 +10,7 @@ import pytest
 
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules import keys as k
-from mesh_provisioner.rules.view import WANTS, MemoryView, bucket
+from mesh_provisioner.rules.view import MANIFESTS, PROVISIONS, WANTS, MemoryView, bucket
 
 # ---- section 1: tokens and keys ---------------------------------------------------------------------------------
 
@@ -133,6 +134,22 @@ def test_2_records_decode_kept_with_why_in_the_view() -> None:
     assert (e.revision, e.value, e.get(r.Want)) == (3, None, None)
     assert e.error == "mesh-assigner.wants want.ace.app does not decode: Expected `str`, got `array` - at `$.fp`"
     assert view.get(WANTS, "want.ace.app") == e
+
+
+def test_2_records_decoded_into_the_cache_are_not_tracked_by_the_cycle_collector() -> None:
+    # The cache holds an entry and a record for nearly every key: tracked, each full collection walked them all.
+    view = MemoryView()
+    raw = json.dumps({
+        "provision": "pg", "state": "provided", "depends-on": ["ace.app.pg.credential"],
+        "reference": {"vault-name": "v", "generation": 2}, "at": "2026-12-02T17:42:55Z",
+    }).encode()
+    e = view.put(PROVISIONS, "ace.app.pg", raw, 3)
+    m = view.put(MANIFESTS, "gitea-1", json.dumps({
+        "name": "gitea", "requires": [{"provision": "postgres-database", "local": "main", "credential": "own"}],
+        "provides": ["forge-account"], "state": ["bound"],
+    }).encode(), 4)
+    assert isinstance(e.value, r.Provision) and isinstance(m.value, r.Manifest)
+    assert not any(gc.is_tracked(x) for x in (e, e.value, m, m.value, m.value.requires[0]))
 
 
 def test_2_records_decode_manifest_names_or_objects() -> None:
