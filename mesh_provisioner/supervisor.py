@@ -344,13 +344,15 @@ class Supervisor:
                 continue
             self.tell(self._node(node), changed)
         if woken.keys:
-            # The keys a provider's own word changes are judged together, in one batch of writes, by one actor:
-            # its bound actor, or its node's (which that word wakes to compose anyway). Writes are compare-and-set,
-            # so the actor need not own them (design.md, "Parallel, not shared").
+            # The keys one change wakes are judged together, in one batch of writes, by one actor where they can be:
+            # a provider's bound actor, or the node actor `judged_on` names. Writes are compare-and-set, so the actor
+            # need not own them (design.md, "Parallel, not shared"). A shared credential's change told each of its
+            # dependents' hundreds of node actors instead: each woke, took the interpreter from the bus loop and
+            # waited on it for one write, and the loop fell half a second behind.
             if state.endswith(".bound"):
                 self.tell(f"bound:{state.removesuffix('.bound')}", Rejudge(woken.keys, at))
-            elif is_token(woken.provider_node):
-                self.tell(self._node(woken.provider_node), Rejudge(woken.keys, at))
+            elif is_token(woken.judged_on):
+                self.tell(self._node(woken.judged_on), Rejudge(woken.keys, at))
             else:
                 by_node: dict[str, set[str]] = {}
                 for k in woken.keys:

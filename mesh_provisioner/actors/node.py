@@ -91,8 +91,10 @@ class NodeActor(SeatActor):
         (design.md, property 3).
 
         A composition leaves a held module's keys as they are (5.2), yet their state still follows their provider
-        (5.3). And a provider's have or want on this node has this actor judge the keys it provides, on any node, as
-        the bound actors do theirs. After a restart, or a failure, a judgement lost with what was pending would
+        (5.3). And this actor is told to judge keys of other nodes: those a provider's have or want on this node
+        changes, as the bound actors do theirs, and those depending on a key of this node whose state changed
+        (`Woken.judged_on`), which are keys its modules provide too (their depends-on names their provider's shared
+        credential or own needs, 5.2). After a restart, or a failure, a judgement lost with what was pending would
         otherwise never be made.
         """
         view = self.seat.view

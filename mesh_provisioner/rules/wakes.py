@@ -35,14 +35,16 @@ from mesh_provisioner.rules.view import (
 class Woken(msgspec.Struct, frozen=True):
     """What one change wakes: nodes to compose, keys to judge again, retiring keys whose answer to read.
 
-    `provider_node` is the node of the provider whose own word changed (its have or want), when every key woken is
-    one that provider provides on it; "" otherwise.
+    `judged_on` names the node whose actor judges every key woken, together, in one batch of writes: the provider's
+    node for a change of its own word (its have or want: the keys it provides there), the changed key's node for a
+    change of a key's state (the keys depending on it, which may be on hundreds of nodes); "" when each key is
+    judged by its own node's actor.
     """
 
     nodes: frozenset[str] = frozenset()
     keys: frozenset[str] = frozenset()
     decide: frozenset[str] = frozenset()
-    provider_node: str = ""
+    judged_on: str = ""
 
     def __bool__(self) -> bool:
         return bool(self.nodes or self.keys or self.decide)
@@ -57,12 +59,12 @@ def woken_by(view: View, state: str, key: str, old: Entry | None, new: Entry | N
         if len(parts) != 3:
             return Woken()
         # A provider judged by its have is provided only at the build its want names (5.3).
-        return Woken(frozenset({parts[1]}), frozenset(view.provided_by(parts[2], parts[1])), provider_node=parts[1])
+        return Woken(frozenset({parts[1]}), frozenset(view.provided_by(parts[2], parts[1])), judged_on=parts[1])
     if state == HAVE:
         node, _, module = key.partition(".")
         if not module:
             return Woken(frozenset({node}))
-        return Woken(frozenset({node}), frozenset(view.provided_by(module, node)), provider_node=node)
+        return Woken(frozenset({node}), frozenset(view.provided_by(module, node)), judged_on=node)
     if state == RESOLVED:
         return Woken(frozenset({k.node_of(key)}))
     if state == MODULES:
@@ -147,7 +149,7 @@ def _provision(view: View, key: str, old: Entry | None, new: Entry | None) -> Wo
         # The key's own node judges again what it no longer has (a credential another node made there).
         nodes.add(k.node_of(key))
     decide = frozenset({key}) if now is not None and now.state == r.RETIRING and now.ask and not now.warrant else None
-    return Woken(frozenset(nodes), frozenset(keys), decide or frozenset())
+    return Woken(frozenset(nodes), frozenset(keys), decide or frozenset(), judged_on=k.node_of(key))
 
 
 def _placed(e: Entry | None) -> set[str]:

@@ -9,6 +9,7 @@ import pytest
 from mesh import PLANS_READ, Mesh, keeper, req, sample_mesh, settle, wake_settle
 
 from mesh_provisioner.messages import records as r
+from mesh_provisioner.rules import keys as k
 from mesh_provisioner.rules.view import (
     ASK_RECORDS,
     BUILDS,
@@ -67,8 +68,8 @@ def test_6_placement_of_mesh_vault_wakes_every_node_with_a_credential() -> None:
 def test_6_want_wakes_its_node_and_the_keys_its_module_provides_there() -> None:
     m = mesh()
     # Every key woken is redis' on ace: ace's actor judges them together.
-    assert m.want("ace", "redis", "1") == Woken(frozenset({"ace"}), frozenset({"bee.app.cache"}), provider_node="ace")
-    assert m.want("bee", "app", "1") == Woken(frozenset({"bee"}), provider_node="bee")
+    assert m.want("ace", "redis", "1") == Woken(frozenset({"ace"}), frozenset({"bee.app.cache"}), judged_on="ace")
+    assert m.want("bee", "app", "1") == Woken(frozenset({"bee"}), judged_on="bee")
 
 
 def test_6_module_build_and_manifest_wake_where_it_is_placed_provides_and_is_needed() -> None:
@@ -90,7 +91,7 @@ def test_6_module_build_and_manifest_wake_where_it_is_placed_provides_and_is_nee
 
 def test_6_have_wakes_its_node_and_the_keys_its_module_provides_there() -> None:
     m = mesh()
-    assert m.have("ace", "redis", "1") == Woken(frozenset({"ace"}), frozenset({"bee.app.cache"}), provider_node="ace")
+    assert m.have("ace", "redis", "1") == Woken(frozenset({"ace"}), frozenset({"bee.app.cache"}), judged_on="ace")
     assert m.have("ace", "ace", "1").nodes == {"ace"}
 
 
@@ -123,6 +124,19 @@ def test_6_provision_state_wakes_the_keys_that_depend_on_it() -> None:
     assert before is not None
     after = m.view.put(PROVISIONS, cred, before.raw.replace(b'"failed"', b'"provided"'), 10**9)
     assert woken_by(m.view, PROVISIONS, cred, before, after).keys == {"bee.app.postgres-database.main"}
+
+
+def test_6_provision_state_wakes_its_dependents_on_other_nodes_to_be_judged_by_one_actor() -> None:
+    # A shared credential's dependents may be on hundreds of nodes: they are judged together, on the key's own node.
+    m = mesh()
+    (shared,) = m.view.depended_on("ace")
+    dependents = m.view.dependents(shared)
+    assert {k.node_of(d) for d in dependents} - {"ace"}
+    before = m.view.get(PROVISIONS, shared)
+    assert before is not None and before.get(r.Provision) is not None
+    after = m.view.put(PROVISIONS, shared, r.encode(r.Provision(provision="x", state="failed", why="w")), 10**9)
+    woken = woken_by(m.view, PROVISIONS, shared, before, after)
+    assert (woken.keys, woken.judged_on) == (dependents, "ace")
 
 
 def test_6_provision_depends_on_or_deleted_wakes_the_nodes_it_names() -> None:
