@@ -211,7 +211,8 @@ class MemoryView:
 
     def get(self, state: str, key: str) -> Entry | None:
         """The entry at a key, None when there is none."""
-        return self._states[state].get(key) if state in self._states else None
+        entries = self._states.get(state)
+        return entries.get(key) if entries is not None else None
 
     def keys(self, state: str, node: str | None = None) -> Iterable[str]:
         """The keys of a state, or of one node's."""
@@ -459,7 +460,7 @@ class Overlay:
 
     def get(self, state: str, key: str) -> Entry | None:
         """The entry at a key, with this composition's writes."""
-        if (state, key) in self._over:
+        if self._over and (state, key) in self._over:
             return self._over[(state, key)]
         return self.base.get(state, key)
 
