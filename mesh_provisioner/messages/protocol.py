@@ -17,7 +17,8 @@ class Changed(Message, frozen=True):
     """Something a node's composition reads changed: compose it again (coalesced with any other pending)."""
 
     at: float = 0.0
-    """When the change reached the cache (monotonic seconds), to measure the time to its write; 0: unknown."""
+    """When the change reached the cache (monotonic seconds; 0: unknown): stamped once the cache holds it, so that a
+    composition begun later is known to have read it, and to measure the time to its write."""
     state: str = ""
     key: str = ""
     revision: int = 0

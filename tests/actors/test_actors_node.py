@@ -14,7 +14,7 @@ from datetime import datetime
 import msgspec
 import pytest
 from helpers import wait_until
-from seatbus import Bus, assert_fixed_point, settle
+from seatbus import Bus, Seats, assert_fixed_point, seat_config, settle
 
 from mesh_provisioner.actors import node as node_actor
 from mesh_provisioner.messages import records as r
@@ -226,4 +226,45 @@ def test_a_change_of_the_nodes_key_by_another_writer_still_wakes_it(
     mesh.put(PROVISIONS, NOTE, r.encode(msgspec.structs.replace(forged, depends_on=())))
     settle(sup)
     assert spy.count["bee"] > before, spy.count
+    assert_fixed_point(mesh)
+
+
+def test_a_wake_for_a_change_the_last_composition_had_read_composes_nothing_again(
+    spy: ComposeSpy, mesh: Bus, seats: Seats, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waiting = threading.Event()
+
+    class Slot(threading.BoundedSemaphore):
+        """The seat's bound on compositions at once, saying when a composition waits for its turn."""
+
+        def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+            if super().acquire(blocking=False):
+                return True
+            waiting.set()
+            return super().acquire(blocking, timeout)
+
+        __enter__ = acquire
+
+    monkeypatch.setattr(threading, "BoundedSemaphore", Slot)
+    sup = seats.start(seat_config(mesh.url, max_parallel=1))
+    settle(sup)
+    waiting.clear()  # the nodes' first compositions took turns
+    gate = spy.hold("ace")
+    mesh.put(WANTS, "want.ace.gitea", {"fp": "gt9"})
+    assert spy.entered["ace"].wait(HOLD), "ace never composed"  # and holds the one composition at once
+    bee = sup.children()["node:bee"]
+    before = spy.count["bee"]
+    # bee's composition for this change waits for ace's to end ...
+    mesh.put(WANTS, "want.bee.mailer", {"fp": "ml9"})
+    assert waiting.wait(10), "bee never waited for its turn to compose"
+    # ... and this change reaches the cache before it begins: the wake it sends is behind the composition.
+    mesh.put(WANTS, "want.bee.reports", {"fp": "rp9"})
+    wait_until(lambda: bee.actor_inbox.qsize() == 1, 10, what="the second change's wake in bee's mailbox")
+    gate.set()
+    settle(sup)
+    assert spy.count["bee"] - before == 1, spy.count
+    # That one composition read both changes: each module is held at the build its want names.
+    for module, fp in (("mailer", "ml9"), ("reports", "rp9")):
+        held = mesh.refusal(f"bee.{module}")
+        assert held is not None and fp in held.why, held
     assert_fixed_point(mesh)
