@@ -32,7 +32,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.kv import KV_DEL, KV_PURGE, KeyValue, StopIterSentinel
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from mesh_provisioner.bus.connection import link, open_bucket, stream_of, subject_of
 from mesh_provisioner.rules.view import (
@@ -338,23 +338,28 @@ class Cache:
         """
         snapshot: dict[str, KeyValue.Entry] = {}
         quiet = False
-        while True:
-            try:
-                update = await watcher.updates(timeout=self._load_timeout)  # type: ignore[no-untyped-call]
-            except nats.errors.TimeoutError:
-                if quiet:
-                    break
-                raise
-            if update is None:
-                if not messages:
-                    break  # an empty bucket: the watch's marker is all there is
-                continue
-            if isinstance(update, StopIterSentinel):
-                raise RuntimeError(f"the watch of {bucket(state)} was stopped while loading")
-            snapshot[update.key] = update
-            if (update.revision or 0) >= last:
-                break
-            quiet = not update.delta
+        loop = asyncio.get_running_loop()
+        try:
+            # One deadline, moved on at each value: nats-py's `updates(timeout)` runs each wait as a task of its own
+            # (asyncio.wait_for), 19 µs a value against 4 here, over a second of loading a 1,000-node mesh.
+            async with asyncio.timeout(self._load_timeout) as deadline:
+                while True:
+                    try:
+                        update = await anext(watcher)
+                    except StopAsyncIteration:
+                        raise RuntimeError(f"the watch of {bucket(state)} was stopped while loading") from None
+                    deadline.reschedule(loop.time() + self._load_timeout)
+                    if update is None:
+                        if not messages:
+                            break  # an empty bucket: the watch's marker is all there is
+                        continue
+                    snapshot[update.key] = update
+                    if (update.revision or 0) >= last:
+                        break
+                    quiet = not update.delta
+        except TimeoutError:
+            if not quiet:
+                raise nats.errors.TimeoutError from None
         self._latest[state] = max([last, *(e.revision or 0 for e in snapshot.values())])
         self._reconcile(state, {k: _content(e) for k, e in snapshot.items()}, last)
         self._done_loading(state)

@@ -57,8 +57,8 @@ class Stalled:
         self.server = server
         self._sub = Consumer(real._sub, self)  # what the cache asks for its consumer's word
 
-    async def updates(self, timeout: float = 5.0) -> Any:
-        return await self.real.updates(timeout=timeout)  # type: ignore[no-untyped-call]
+    async def __anext__(self) -> Any:
+        return await self.real.__anext__()  # type: ignore[no-untyped-call]
 
     async def stop(self) -> None:
         await self.real.stop()  # type: ignore[no-untyped-call]

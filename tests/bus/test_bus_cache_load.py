@@ -38,11 +38,11 @@ class MarkerFirst:
         self.real = real
         self.marked = False
 
-    async def updates(self, timeout: float = 5.0) -> Any:
+    async def __anext__(self) -> Any:
         if not self.marked:
             self.marked = True
             return None
-        return await self.real.updates(timeout=timeout)  # type: ignore[no-untyped-call]
+        return await self.real.__anext__()  # type: ignore[no-untyped-call]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
@@ -55,8 +55,8 @@ class BehindFirst(MarkerFirst):
     """A real watch whose consumer says nothing is pending after its first value, as one on a cluster's server that
     is still catching up does, and whose other values come after."""
 
-    async def updates(self, timeout: float = 5.0) -> Any:
-        update = await self.real.updates(timeout=timeout)  # type: ignore[no-untyped-call]
+    async def __anext__(self) -> Any:
+        update = await self.real.__anext__()  # type: ignore[no-untyped-call]
         if not self.marked and update is not None:
             self.marked = True
             return dataclasses.replace(update, delta=0)
