@@ -330,11 +330,12 @@ class Supervisor:
 
     # ---- routing (contract section 6) -----------------------------------------------------------------------
 
-    def _changed(self, state: str, key: str, old: Entry | None, new: Entry | None) -> None:
-        """Route one change of the cache to every actor it wakes. Runs on the event loop: it never blocks."""
+    def _changed(self, state: str, key: str, old: Entry | None, new: Entry | None, ours: bool) -> None:
+        """Route one change of the cache (`ours`: the seat's own write) to every actor it wakes. Runs on the event
+        loop: it never blocks."""
         if self._stopping or not self._routing:
             return
-        woken = woken_by(self.view, state, key, old, new)
+        woken = woken_by(self.view, state, key, old, new, another_writer=not ours)
         at = time.monotonic()
         changed = Changed(at, state, key, new.revision) if new is not None else Changed(at)
         for node in woken.nodes:

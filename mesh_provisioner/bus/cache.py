@@ -13,6 +13,8 @@ is told to a listener.
   with memory, so that changes made while the seat was away arrive as changes.
 - A writer puts its own successful write in at once (`note_written`, read your writes); nothing goes backwards:
   a change whose revision is not newer than what the cache holds for its key is ignored.
+- The listener is told whether the seat made a change itself: a write it noted, or one whose value it is writing
+  (`begin_writes`), whose echo may come before its acknowledgement. Anything else another writer made.
 - A value that does not decode is kept with why (section 7); nothing a watch reads stops it.
 
 The view is changed only on the loop's thread; other threads read it as it is.
@@ -23,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from typing import Final
 
@@ -52,8 +54,9 @@ from mesh_provisioner.rules.view import (
 
 log = logging.getLogger("mesh_provisioner.bus.cache")
 
-Listener = Callable[[str, str, Entry | None, Entry | None], None]
-"""Told each change the cache applies: `(state, key, old entry or None, new entry or None)`."""
+Listener = Callable[[str, str, Entry | None, Entry | None, bool], None]
+"""Told each change the cache applies: `(state, key, old entry or None, new entry or None, ours)`, `ours` when the
+seat made it itself (module docstring)."""
 
 _ADVISORIES: Final = "$JS.EVENT.ADVISORY.STREAM.>"
 # A consumer of a watch nobody listens to any more is reaped by the server after this long, should deleting
@@ -121,6 +124,9 @@ class Cache:
         self._created: dict[str, asyncio.Event] = {}
         self._advisories: Subscription | None = None
         self._resync_task: asyncio.Task[None] | None = None
+        # The values of the writes this seat is making, each (state, key, value or None for a delete): counted, as
+        # two actors may write the same value to a key at once.
+        self._writing: Counter[tuple[str, str, bytes | None]] = Counter()
 
     # ---- the cache's life -------------------------------------------------------------------------------
 
@@ -246,6 +252,23 @@ class Cache:
 
     # ---- read your writes -------------------------------------------------------------------------------
 
+    def begin_writes(self, writes: Iterable[tuple[str, str, bytes | None]]) -> None:
+        """Writes this seat is making, each (state, key, value or None for a delete), until `end_writes`.
+
+        Meanwhile a change the watch brings with one of these values is the seat's own: the write's echo, come
+        before its acknowledgement. Called on the loop, as the store is.
+        """
+        self._writing.update(writes)
+
+    def end_writes(self, writes: Iterable[tuple[str, str, bytes | None]]) -> None:
+        """Writes begun are made or given up: a value the watch brings for them from now on is another writer's."""
+        for write in writes:
+            left = self._writing[write] - 1
+            if left > 0:
+                self._writing[write] = left
+            else:
+                del self._writing[write]
+
     def note_written(self, state: str, key: str, raw: bytes | None, revision: int) -> None:
         """Keep a write this seat made (None: a delete) at its new revision, unless the cache holds a newer one.
 
@@ -255,9 +278,9 @@ class Cache:
             return
         loop = self._loop
         if loop is not None and not _on(loop):
-            loop.call_soon_threadsafe(self._receive, state, key, raw, revision)
+            loop.call_soon_threadsafe(self._receive, state, key, raw, revision, True)
             return
-        self._receive(state, key, raw, revision)
+        self._receive(state, key, raw, revision, True)
 
     # ---- one watch per state ----------------------------------------------------------------------------
 
@@ -420,15 +443,18 @@ class Cache:
         entry = self.view.get(state, key)
         return entry.revision if entry is not None else self._gone[state].get(key, 0)
 
-    def _receive(self, state: str, key: str, raw: bytes | None, revision: int) -> None:
-        """Apply one change unless the cache already holds its revision or a newer one (never backwards).
+    def _receive(self, state: str, key: str, raw: bytes | None, revision: int, ours: bool | None = None) -> None:
+        """Apply one change unless the cache already holds its revision or a newer one (never backwards); `ours`
+        when the seat made it, None to tell from the writes it is making.
 
         Nor one at or below the state's floor: the last load already holds every change up to it, so such a
         change (a write's own note arriving after a reload, say) can only be older than what memory says.
         """
         if revision <= max(self._held(state, key), self._floor.get(state, 0)):
             return
-        self._set(state, key, raw, revision)
+        if ours is None:
+            ours = (state, key, raw) in self._writing
+        self._set(state, key, raw, revision, ours)
 
     def _reconcile(self, state: str, snapshot: dict[str, tuple[bytes | None, int]], last: int | None) -> None:
         """Make memory say what a freshly loaded bucket says, telling each key that changed.
@@ -456,7 +482,7 @@ class Cache:
         for key in [k for k, rev in gone.items() if last is None or rev <= last]:
             del gone[key]
 
-    def _set(self, state: str, key: str, raw: bytes | None, revision: int) -> None:
+    def _set(self, state: str, key: str, raw: bytes | None, revision: int, ours: bool = False) -> None:
         """Set a key in the view (None: delete it) and tell the listener; a bad key or value is logged."""
         if raw is None:
             if revision > 0:
@@ -477,7 +503,7 @@ class Cache:
         listener = self.on_change
         if listener is not None:
             try:
-                listener(state, key, old, new)
+                listener(state, key, old, new, ours)
             except Exception:
                 log.exception("the change listener failed on %s %s", state, key)
 

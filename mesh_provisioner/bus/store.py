@@ -277,30 +277,36 @@ class Store:
             # Making the messages may have waited on the bus (a bucket opened on a slow or frozen server), long
             # enough for the lease to lapse: asked again as they go out, none goes out without it (contract 8).
             stop, batch, messages = f"{_what(batch[0])} is not made: {barred}", [], []
-        answers = await self._acks.publish(messages, self._timeout) if messages else []
-        for write, answer in zip(batch, answers, strict=True):
-            try:
-                revision = await self._landed(write, answer)
-            except Conflict as err:
-                self.conflicts += 1
-                if applied.conflict is None:
-                    applied.conflict = write
-                applied.error = applied.error or str(err)
-                log.info("%s", err)
-                continue
-            except (nats.errors.Error, TimeoutError, OSError, Refused) as err:
-                self.errors += 1
-                self._buckets.pop(write.state, None)  # open it again next time: it may have been deleted
-                why = f"{_what(write)} failed: {type(err).__name__}: {err}".rstrip(": ")
-                applied.error = applied.error or why
-                log.warning("%s", why)
-                continue
-            self.writes += 1
-            applied.done.append((write, revision))
+        # Each write's value, as the cache tells the seat's own echo from another writer's change by it.
+        values = [(w.state, w.key, w.value if isinstance(w, Put) else None) for w in batch]
+        if self._cache is not None:
+            self._cache.begin_writes(values)
+        try:
+            answers = await self._acks.publish(messages, self._timeout) if messages else []
+            for write, (_, _, value), answer in zip(batch, values, answers, strict=True):
+                try:
+                    revision = await self._landed(write, answer)
+                except Conflict as err:
+                    self.conflicts += 1
+                    if applied.conflict is None:
+                        applied.conflict = write
+                    applied.error = applied.error or str(err)
+                    log.info("%s", err)
+                    continue
+                except (nats.errors.Error, TimeoutError, OSError, Refused) as err:
+                    self.errors += 1
+                    self._buckets.pop(write.state, None)  # open it again next time: it may have been deleted
+                    why = f"{_what(write)} failed: {type(err).__name__}: {err}".rstrip(": ")
+                    applied.error = applied.error or why
+                    log.warning("%s", why)
+                    continue
+                self.writes += 1
+                applied.done.append((write, revision))
+                if self._cache is not None:
+                    self._cache.note_written(write.state, write.key, value, revision)
+        finally:
             if self._cache is not None:
-                self._cache.note_written(
-                    write.state, write.key, write.value if isinstance(write, Put) else None, revision
-                )
+                self._cache.end_writes(values)
         if stop:
             self.errors += 1
             applied.error = applied.error or stop

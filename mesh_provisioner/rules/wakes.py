@@ -19,6 +19,7 @@ from mesh_provisioner.rules.view import (
     HAVE,
     MANIFESTS,
     MODULES,
+    OWN,
     PLACEMENT,
     PLANS,
     PROVISIONS,
@@ -50,8 +51,31 @@ class Woken(msgspec.Struct, frozen=True):
         return bool(self.nodes or self.keys or self.decide)
 
 
-def woken_by(view: View, state: str, key: str, old: Entry | None, new: Entry | None) -> Woken:
-    """What a change of `state` at `key` from `old` to `new` wakes; the view already holds `new`."""
+def woken_by(
+    view: View, state: str, key: str, old: Entry | None, new: Entry | None, *, another_writer: bool = False
+) -> Woken:
+    """What a change of `state` at `key` from `old` to `new` wakes; the view already holds `new`.
+
+    `another_writer`: the change is not the seat's own write. Contract section 8 has the seat alone write its own
+    states, yet what it reads there is untrusted too (section 7): a plan, refusal or provision another writer made
+    wakes the node whose composition writes it, and a provision is judged again, as its state comes from its
+    provider's word alone (5.3). Nothing else would: a key made on a node nothing wakes, or a provision's state
+    forged, stayed off the fixed point until the seat started again. The seat's own writes wake none of this (its
+    composition wrote them).
+    """
+    woken = _woken(view, state, key, old, new)
+    if not another_writer or state not in OWN:
+        return woken
+    return Woken(
+        woken.nodes | {group_of(state, key)},
+        (woken.keys | {key}) if state == PROVISIONS else woken.keys,
+        woken.decide,
+        judged_on=woken.judged_on,
+    )
+
+
+def _woken(view: View, state: str, key: str, old: Entry | None, new: Entry | None) -> Woken:
+    """What a change wakes by contract section 6's table."""
     if state == PLACEMENT:
         return _placement(view, key, old, new)
     if state == WANTS:

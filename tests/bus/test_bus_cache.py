@@ -28,7 +28,7 @@ from mesh_provisioner.rules.view import (
     bucket,
 )
 
-Change = tuple[str, str, Entry | None, Entry | None]
+Change = tuple[str, str, Entry | None, Entry | None, bool]
 
 
 def placement(node: str, *modules: str) -> bytes:
@@ -116,7 +116,7 @@ def test_initial_load_then_live_changes_keep_the_indices(
     delete(loop, other, PLACEMENT, "ace")
     wait_until(lambda: view.placed_on("gitea") == ["bee"], what="ace's placement deleted")
     assert view.get(PLACEMENT, "ace") is None
-    (_, _, old, new), = s.told(PLACEMENT, "ace")[-1:]
+    (_, _, old, new, _), = s.told(PLACEMENT, "ace")[-1:]
     assert old is not None and new is None
     put(loop, other, MANIFESTS, "m1", b'{"name": "postgres", "provides": []}')
     wait_until(lambda: not view.providers_of("postgres-database"), what="postgres no longer provides")
@@ -183,6 +183,40 @@ def test_note_written_is_read_at_once_and_nothing_goes_backwards(
     assert cache.view.get(PLACEMENT, "ace") is None
     cache.note_written("some-module.other", "x", b"{}", 1)  # a state not watched: ignored
     assert cache.view.get("some-module.other", "x") is None
+
+
+def test_a_change_is_told_as_the_seats_own_only_when_the_seat_made_it(
+    loop: EventLoopThread, nats_server: NatsServer, other: Client, started: Start
+) -> None:
+    seed_buckets(nats_server.url, [PLACEMENT])
+    s = started(states=[PLACEMENT])
+    cache = s.synced()
+
+    def last_told(key: str, revision: int) -> bool:
+        wait_until(lambda: any(c[3] is not None and c[3].revision == revision for c in s.told(PLACEMENT, key)))
+        return s.told(PLACEMENT, key)[-1][4]
+
+    assert last_told("ace", put(loop, other, PLACEMENT, "ace", placement("ace", "gitea"))) is False
+
+    async def note(key: str, raw: bytes, revision: int) -> None:
+        cache.note_written(PLACEMENT, key, raw, revision)
+
+    loop.run(note("ace", placement("ace", "postgres"), 100), 5)
+    assert last_told("ace", 100) is True
+    # A write the seat is making: its echo may come before its acknowledgement, and is the seat's own then.
+    mine = (PLACEMENT, "bee", placement("bee", "gitea"))
+
+    async def begin() -> None:
+        cache.begin_writes([mine])
+
+    async def end() -> None:
+        cache.end_writes([mine])
+
+    loop.run(begin(), 5)
+    assert last_told("bee", put(loop, other, PLACEMENT, "bee", mine[2])) is True
+    assert last_told("bee", put(loop, other, PLACEMENT, "bee", placement("bee", "postgres"))) is False
+    loop.run(end(), 5)
+    assert last_told("bee", put(loop, other, PLACEMENT, "bee", mine[2])) is False
 
 
 def test_resync_reconciles_what_no_watch_tells(

@@ -111,6 +111,15 @@ class Mesh:
         old = self.view.delete(state, key)
         return woken_by(self.view, state, key, old, None)
 
+    def another_writer(self, state: str, key: str, value: Any | None) -> Woken:
+        """Another writer than the seat sets a key of the seat's own states (None: deletes it); answers what it
+        wakes."""
+        old = self.view.get(state, key)
+        new = None if value is None else self.view.put(state, key, as_bytes(value), next_revision())
+        if new is None:
+            self.view.delete(state, key)
+        return woken_by(self.view, state, key, old, new, another_writer=True)
+
     # ---- what the other modules write -------------------------------------------------------------------
 
     def place(self, node: str, *modules: str) -> Woken:

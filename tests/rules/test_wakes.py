@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 import pytest
@@ -17,6 +18,7 @@ from mesh_provisioner.rules.view import (
     MODULES,
     PLANS,
     PROVISIONS,
+    REFUSED,
     RESOLVED,
     WANTS,
     bound,
@@ -164,6 +166,49 @@ def test_6_what_no_rule_reads_wakes_nothing() -> None:
     m = mesh()
     assert not m.put("mesh-provisioner.applied", "bee.app", {})
     assert not m.put(WANTS, "want.bee", {"fp": "1"})
+
+
+def forged(m: Mesh, key: str, **changes: Any) -> dict[str, Any]:
+    """A provision as it is, with some fields another writer changed."""
+    p = m.view.get(PROVISIONS, key)
+    assert p is not None and isinstance(p.value, r.Provision)
+    return msgspec.to_builtins(msgspec.structs.replace(p.value, **changes))
+
+
+def test_6_a_seat_state_another_writer_made_wakes_the_node_that_writes_it() -> None:
+    m = mesh()
+    key = "cat.web.postgres-database"
+    woken = m.another_writer(PROVISIONS, key, forged(m, key, state=r.FAILED, why="forged"))
+    assert "cat" in woken.nodes and key in woken.keys
+    assert "cat" in m.another_writer(PLANS, "cat.web", {"node": "cat", "module": "web"}).nodes
+    assert m.another_writer(REFUSED, "cat.web", {"node": "cat", "module": "web", "why": "forged"}).nodes == {"cat"}
+    # The seat's own write of the same wakes only what the table says: its composition wrote it.
+    old = m.view.get(PROVISIONS, key)
+    new = m.view.put(PROVISIONS, key, r.encode(r.Provision(provision="postgres-database", state=r.FAILED)), 10**9)
+    assert "cat" not in woken_by(m.view, PROVISIONS, key, old, new).nodes
+    assert key not in woken_by(m.view, PROVISIONS, key, old, new).keys
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda m: m.another_writer(PROVISIONS, "cat.web.postgres-database",
+                                   forged(m, "cat.web.postgres-database", state=r.FAILED, why="forged")),
+        lambda m: m.another_writer(PROVISIONS, "bee.app.cache",
+                                   forged(m, "bee.app.cache", state=r.FAILED, why="forged")),
+        lambda m: m.another_writer(PROVISIONS, "bee.app.object-storage",
+                                   forged(m, "bee.app.cache", provision="object-storage")),
+        lambda m: m.another_writer(PROVISIONS, "dog.web.cache", forged(m, "bee.app.cache")),
+        lambda m: m.another_writer(PROVISIONS, "bee.app.cache", None),
+        lambda m: m.another_writer(PLANS, "cat.web", {"node": "cat", "module": "web"}),
+        lambda m: m.another_writer(PLANS, "cat.web", None),
+        lambda m: m.another_writer(REFUSED, "cat.web", {"node": "cat", "module": "web", "why": "forged"}),
+    ],
+    ids=["state-forged", "have-judged-state-forged", "key-made-on-a-node", "key-made-on-a-node-placed-nowhere",
+         "key-deleted", "plan-forged", "plan-deleted", "refusal-made"],
+)
+def test_6_wakes_suffice_when_another_writer_changes_the_seats_own_states(change: Callable[[Mesh], Woken]) -> None:
+    settles_by_wakes(mesh(), change)
 
 
 # ---- the wakes suffice: after one change, following the wakes leaves the seat at its fixed point ----------------
