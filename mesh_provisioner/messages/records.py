@@ -7,6 +7,7 @@ can say which value is bad and why (section 7).
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 from typing import Any, Final, TypeVar
 
@@ -135,8 +136,12 @@ class Named(Record, frozen=True):
     name: str = ""
 
 
-class Manifest(Record, frozen=True):
-    """`mesh-indexer.manifests` `<id>`: a module's manifest; offers and states come as names or objects."""
+class Manifest(Record, frozen=True, gc=True, dict=True):
+    """`mesh-indexer.manifests` `<id>`: a module's manifest; offers and states come as names or objects.
+
+    Its offers and states in one form are made once for each manifest read (`dict=True` keeps them): a composition
+    asks for them for every key it judges. Tracked by the cycle collector, as a `__dict__` needs: manifests are few.
+    """
 
     name: str = ""
     requires: tuple[Requirement, ...] = ()
@@ -146,10 +151,18 @@ class Manifest(Record, frozen=True):
 
     def offers(self) -> tuple[Offer, ...]:
         """Every offer in its object form."""
-        return tuple(Offer(name=o) if isinstance(o, str) else o for o in self.provides)
+        return self._offers
 
     def states(self) -> tuple[str, ...]:
         """The name of every state it declares."""
+        return self._states
+
+    @functools.cached_property
+    def _offers(self) -> tuple[Offer, ...]:
+        return tuple(Offer(name=o) if isinstance(o, str) else o for o in self.provides)
+
+    @functools.cached_property
+    def _states(self) -> tuple[str, ...]:
         return tuple(s if isinstance(s, str) else s.name for s in self.state)
 
 

@@ -149,7 +149,10 @@ def test_2_records_decoded_into_the_cache_are_not_tracked_by_the_cycle_collector
         "provides": ["forge-account"], "state": ["bound"],
     }).encode(), 4)
     assert isinstance(e.value, r.Provision) and isinstance(m.value, r.Manifest)
-    assert not any(gc.is_tracked(x) for x in (e, e.value, m, m.value, m.value.requires[0]))
+    assert not any(gc.is_tracked(x) for x in (e, e.value, m, m.value.requires[0]))
+    # A manifest keeps its offers and states once made, in a `__dict__` the collector must see; manifests are few
+    # (69 in the 1,000-node benchmark mesh, against 140,000 entries).
+    assert m.value.offers() is m.value.offers() and m.value.states() is m.value.states()
 
 
 def test_2_records_decode_manifest_names_or_objects() -> None:
