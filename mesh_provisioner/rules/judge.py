@@ -49,8 +49,10 @@ def unread(view: View, module: str) -> str:
 
 
 def outcome(view: View, key: str, p: r.Provision) -> r.Provision:
-    """A needed provision with its state set from its provider's entry: provided, failed or waits; asked while none."""
-    p = msgspec.structs.replace(p, ask="", warrant=None)
+    """A needed provision with its state set from its provider's entry: provided, failed or waits; asked while none.
+
+    Its ask and warrant are cleared (they belong to a retiring key), in the one copy that sets its state.
+    """
     keeps, why = keeps_entries(view, p.provider.module, p.provision)
     if why:
         return _asked(p, f"the manifest of {p.provider.module} cannot be read: {why}")
@@ -84,7 +86,7 @@ def outcome(view: View, key: str, p: r.Provision) -> r.Provision:
     reference = p.reference
     if en.vault_name or en.generation > 0:
         reference = r.Reference(id=en.vault_name, generation=en.generation)
-    return msgspec.structs.replace(p, state=r.PROVIDED, why="", reference=reference)
+    return msgspec.structs.replace(p, state=r.PROVIDED, why="", reference=reference, ask="", warrant=None)
 
 
 def have_outcome(view: View, p: r.Provision) -> r.Provision:
@@ -131,4 +133,5 @@ def _asked(p: r.Provision, why: str) -> r.Provision:
 
 
 def _set(p: r.Provision, state: str, why: str) -> r.Provision:
-    return msgspec.structs.replace(p, state=state, why=why)
+    """The provision with a state and why, and no ask or warrant: a needed key's outcome is never retiring."""
+    return msgspec.structs.replace(p, state=state, why=why, ask="", warrant=None)
