@@ -53,6 +53,15 @@ def delete(loop: EventLoopThread, client: Client, state: str, key: str, *, purge
     loop.run(go(), 10)
 
 
+def on_loop(loop: EventLoopThread, call: Callable[[], object]) -> None:
+    """Call on the loop's thread, where the store calls the cache."""
+
+    async def go() -> None:
+        call()
+
+    loop.run(go(), 5)
+
+
 class Started:
     """A started cache and every change it told."""
 
@@ -197,25 +206,14 @@ def test_a_change_is_told_as_the_seats_own_only_when_the_seat_made_it(
         return s.told(PLACEMENT, key)[-1][4]
 
     assert last_told("ace", put(loop, other, PLACEMENT, "ace", placement("ace", "gitea"))) is False
-
-    async def note(key: str, raw: bytes, revision: int) -> None:
-        cache.note_written(PLACEMENT, key, raw, revision)
-
-    loop.run(note("ace", placement("ace", "postgres"), 100), 5)
+    on_loop(loop, lambda: cache.note_written(PLACEMENT, "ace", placement("ace", "postgres"), 100))
     assert last_told("ace", 100) is True
     # A write the seat is making: its echo may come before its acknowledgement, and is the seat's own then.
     mine = (PLACEMENT, "bee", placement("bee", "gitea"))
-
-    async def begin() -> None:
-        cache.begin_writes([mine])
-
-    async def end() -> None:
-        cache.end_writes([mine])
-
-    loop.run(begin(), 5)
+    on_loop(loop, lambda: cache.begin_writes([mine]))
     assert last_told("bee", put(loop, other, PLACEMENT, "bee", mine[2])) is True
     assert last_told("bee", put(loop, other, PLACEMENT, "bee", placement("bee", "postgres"))) is False
-    loop.run(end(), 5)
+    on_loop(loop, lambda: cache.end_writes([mine]))
     assert last_told("bee", put(loop, other, PLACEMENT, "bee", mine[2])) is False
 
 
