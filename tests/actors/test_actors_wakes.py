@@ -309,16 +309,16 @@ def test_a_provision_state_another_writer_forged_is_judged_again_at_once(sup: Su
 
 
 def test_a_provision_key_another_writer_made_is_composed_by_its_node_at_once(sup: Supervisor, mesh: Bus) -> None:
-    # bee's reports is held for want of object-storage; cat is placed nowhere and has no actor yet.
-    made = {"bee.reports.object-storage": "bee", "cat.webapp.postgres-database": "cat"}
-    for key, node in made.items():
-        value = {"provision": key.split(".")[2], "state": "provided", "provider": {"module": "postgres", "node": "ace"},
-                 "consumer": {"module": key.split(".")[1], "node": node}}
+    # bee's reports is held for want of object-storage (its composition leaves its keys as they are, but their state
+    # follows their provider); cat is placed nowhere and has no actor yet (its composition retires what it holds).
+    made = {"bee.reports.object-storage": r.ASKED, "cat.webapp.postgres-database": r.RETIRING}
+    for key in made:
+        node, module, provision = key.split(".")
+        value = {"provision": provision, "state": "provided", "consumer": {"module": module, "node": node},
+                 "provider": {"module": "postgres", "node": "ace"}}
         mesh.put(PROVISIONS, key, value, validate=False)
     settle(sup)
-    for key in made:
-        p = mesh.provision(key)
-        assert p is not None and p.state != r.PROVIDED, p
+    assert {key: state_of(mesh, key) for key in made} == made
     assert_fixed_point(mesh)
 
 

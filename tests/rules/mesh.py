@@ -114,10 +114,10 @@ class Mesh:
     def another_writer(self, state: str, key: str, value: Any | None) -> Woken:
         """Another writer than the seat sets a key of the seat's own states (None: deletes it); answers what it
         wakes."""
-        old = self.view.get(state, key)
-        new = None if value is None else self.view.put(state, key, as_bytes(value), next_revision())
-        if new is None:
-            self.view.delete(state, key)
+        if value is None:
+            old, new = self.view.delete(state, key), None
+        else:
+            old, new = self.view.get(state, key), self.view.put(state, key, as_bytes(value), next_revision())
         return woken_by(self.view, state, key, old, new, another_writer=True)
 
     # ---- what the other modules write -------------------------------------------------------------------
