@@ -163,9 +163,13 @@ class RemoteView:
         out = {key for key, e in self._values(MODULES, r.ModuleEntry) if e.manifest == manifest}
         return out | {key.split(".")[0] for key, b in self._values(BUILDS, r.Build) if b.manifest == manifest}
 
-    def key_of_ask(self, ask: str) -> str:
-        """Every provision read, and the one naming the ask."""
-        return next((key for key, p in self._values(PROVISIONS, r.Provision) if p.ask == ask), "")
+    def keys_of_ask(self, ask: str) -> set[str]:
+        """Every provision read, and those naming the ask."""
+        return {key for key, p in self._values(PROVISIONS, r.Provision) if p.ask == ask}
+
+    def asking(self) -> set[str]:
+        """Every provision read, and those naming an ask."""
+        return {key for key, p in self._values(PROVISIONS, r.Provision) if p.ask}
 
     def requirers(self, provision: str) -> set[str]:
         """Every manifest read, and the modules using those requiring the provision."""

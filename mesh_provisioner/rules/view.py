@@ -167,8 +167,12 @@ class View(Protocol):
         """Every module whose registration or one of whose builds names a manifest id."""
         ...
 
-    def key_of_ask(self, ask: str) -> str:
-        """The provision key whose `ask` is an ask id, "" when none."""
+    def keys_of_ask(self, ask: str) -> set[str]:
+        """The provision keys whose `ask` is an ask id: one, or none (more only when one is forged)."""
+        ...
+
+    def asking(self) -> set[str]:
+        """Every provision key that names an ask."""
         ...
 
     def requirers(self, provision: str) -> set[str]:
@@ -203,7 +207,8 @@ class MemoryView:
         self._by_provider_node: dict[str, set[str]] = defaultdict(set)
         self._naming: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))  # module -> node -> keys
         self._manifest_users: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
-        self._asks: dict[str, str] = {}
+        self._asks: dict[str, set[str]] = defaultdict(set)  # ask id -> keys naming it (a forged one repeats it)
+        self._asking: set[str] = set()  # provision keys naming an ask
         self._requiring: dict[str, set[str]] = defaultdict(set)  # provision -> manifest ids requiring it
         self.last_revision = 0  # the highest revision put, for views kept in memory alone
 
@@ -273,9 +278,13 @@ class MemoryView:
         """Every module whose registration or one of whose builds names a manifest id."""
         return {m for m, keys in list(self._manifest_users.get(manifest, {}).items()) if keys}
 
-    def key_of_ask(self, ask: str) -> str:
-        """The provision key whose `ask` is an ask id, "" when none."""
-        return self._asks.get(ask, "")
+    def keys_of_ask(self, ask: str) -> set[str]:
+        """The provision keys whose `ask` is an ask id: one, or none (more only when one is forged)."""
+        return set(self._asks.get(ask, ()))
+
+    def asking(self) -> set[str]:
+        """Every provision key that names an ask."""
+        return self._asking.copy()
 
     def requirers(self, provision: str) -> set[str]:
         """Every module with a manifest (of any build it registered or built) that requires a provision."""
@@ -348,7 +357,8 @@ class MemoryView:
             self._by_provider_module[value.provider.module].add(key)
             self._by_provider_node[value.provider.node].add(key)
             if value.ask:
-                self._asks[value.ask] = key
+                self._asks[value.ask].add(key)
+                self._asking.add(key)
             for dep in value.depends_on:
                 self._dependents[dep].add(key)
                 self._deps_of_node[k.node_of(dep)].add(dep)
@@ -375,8 +385,13 @@ class MemoryView:
             self._by_provider[(value.provider.module, value.provider.node)].discard(key)
             self._by_provider_module[value.provider.module].discard(key)
             self._by_provider_node[value.provider.node].discard(key)
-            if value.ask and self._asks.get(value.ask) == key:
-                del self._asks[value.ask]
+            if value.ask:
+                named = self._asks.get(value.ask)
+                if named is not None:
+                    named.discard(key)
+                    if not named:
+                        del self._asks[value.ask]
+            self._asking.discard(key)
             for dep in value.depends_on:
                 users = self._dependents.get(dep)
                 if users is not None:
@@ -516,9 +531,13 @@ class Overlay:
         """As the view below."""
         return self.base.manifest_users(manifest)
 
-    def key_of_ask(self, ask: str) -> str:
+    def keys_of_ask(self, ask: str) -> set[str]:
         """As the view below."""
-        return self.base.key_of_ask(ask)
+        return self.base.keys_of_ask(ask)
+
+    def asking(self) -> set[str]:
+        """As the view below."""
+        return self.base.asking()
 
     def requirers(self, provision: str) -> set[str]:
         """As the view below."""

@@ -103,8 +103,7 @@ def _woken(view: View, state: str, key: str, old: Entry | None, new: Entry | Non
     if state == PROVISIONS:
         return _provision(view, key, old, new)
     if state == ASK_RECORDS:
-        asked = view.key_of_ask(key)
-        return Woken(decide=frozenset({asked})) if asked else Woken()
+        return Woken(decide=frozenset(view.keys_of_ask(key)))
     if state.endswith(".bound"):
         return Woken(keys=frozenset({key}))
     return Woken()

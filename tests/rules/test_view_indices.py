@@ -65,3 +65,28 @@ def test_provider_indices_answer_as_a_scan(writes: list[tuple[str, tuple[str, st
             assert view.provided_by(module, node) == {
                 key for key, p in held.items() if (p.provider.module, p.provider.node) == (module, node)
             }
+
+
+asks = st.lists(
+    st.tuples(st.sampled_from(("bee.app.cache", "cat.app.cache", "cat.web.db")),
+              st.none() | st.sampled_from(("", "retire-1", "retire-2"))),
+    max_size=30,
+)
+
+
+@given(asks)
+def test_ask_indices_answer_as_a_scan(writes: list[tuple[str, str | None]]) -> None:
+    # Two keys may name the same ask (one forged by another writer): each is found by it, and neither is lost when
+    # the other stops naming it.
+    view = MemoryView()
+    for revision, (key, ask) in enumerate(writes, 1):
+        if ask is None:
+            view.apply(PROVISIONS, key, None)
+        else:
+            raw = json.dumps({"provision": key.split(".")[2], "state": "retiring", "ask": ask}).encode()
+            view.put(PROVISIONS, key, raw, revision)
+    held = {key: p for key in view.keys(PROVISIONS)
+            if (e := view.get(PROVISIONS, key)) is not None and (p := e.get(r.Provision)) is not None}
+    assert view.asking() == {key for key, p in held.items() if p.ask}
+    for ask in ("retire-1", "retire-2"):
+        assert view.keys_of_ask(ask) == {key for key, p in held.items() if p.ask == ask}
