@@ -100,9 +100,10 @@ class Supervisor:
         self.in_flight = InFlight()
         self.metrics = metrics or Metrics()
         self.metrics.cache_keys.set_function(lambda: len(self.cache.view))
-        self.cache = Cache(nc, bound_reads=config.bound_reads, on_change=self._changed, on_resync=self._resynced)
+        self.cache = Cache(nc, bound_reads=config.bound_reads, on_change=self._changed, on_resync=self._resynced,
+                           request_timeout=config.request_timeout)
         self.store = Store(nc, self.cache, timeout=config.request_timeout)
-        self.asks = Asks(nc)
+        self.asks = Asks(nc, timeout=config.request_timeout)
         self._lock = threading.RLock()
         self._specs: dict[str, ChildSpec] = {}
         self._refs: dict[str, pykka.ActorRef[Any]] = {}

@@ -34,12 +34,12 @@ class NoRouter(RuntimeError):
 class Asks:
     """Publishes the seat's asks to the router, and tells a listener each time the router decides one."""
 
-    def __init__(self, nc: Client) -> None:
-        """The channel over `nc`."""
+    def __init__(self, nc: Client, *, timeout: float = 10.0) -> None:
+        """The channel over `nc`; a publish waits `timeout` s at most for JetStream's acknowledgement."""
         self.published = 0
         self.duplicates = 0
         self._nc = nc
-        self._js = nc.jetstream()
+        self._js = nc.jetstream(timeout=timeout)
         link(nc)  # its requests are counted from now on
 
     async def publish(self, ask: Ask) -> api.PubAck:

@@ -90,6 +90,7 @@ class Cache:
         backoff: tuple[float, float] = (0.05, 5.0),
         poll_missing: float = 30.0,
         load_timeout: float = 10.0,
+        request_timeout: float = 10.0,
     ) -> None:
         """A cache over `nc`'s buckets; `states` defaults to `watched_states(bound_reads)`. Call `start()`.
 
@@ -98,7 +99,8 @@ class Cache:
 
         A watch that fails is made again after `backoff` (first, most) seconds, doubling. A missing bucket is
         looked for again on the same backoff up to `poll_missing` seconds, but JetStream's advisory of its
-        creation wakes its watch at once. `load_timeout` bounds the wait for each value of a bucket's first load.
+        creation wakes its watch at once. `load_timeout` bounds the wait for each value of a bucket's first load,
+        `request_timeout` each request to JetStream (a bucket opened, a key read again).
         """
         self.view = MemoryView(bound_reads)
         self.states = tuple(states) if states is not None else watched_states(self.view.bound_reads)
@@ -106,7 +108,7 @@ class Cache:
         self.on_resync = on_resync
         self.resyncs = 0
         self._nc = nc
-        self._js = nc.jetstream()
+        self._js = nc.jetstream(timeout=request_timeout)
         self._link = link(nc)
         self._backoff = backoff
         self._poll_missing = poll_missing

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
+import nats.errors
 import pytest
 from helpers import NatsServer, wait_until
 from nats.aio.client import Client
@@ -25,6 +27,21 @@ ASK = Ask(
 def test_without_a_stream_there_is_no_router(loop: EventLoopThread, nc: Client) -> None:
     with pytest.raises(NoRouter, match="no router yet"):
         loop.run(Asks(nc).publish(ASK), 10)
+
+
+def test_a_publish_gives_up_after_its_timeout(
+    loop: EventLoopThread, nc: Client, other: Client, nats_server: NatsServer
+) -> None:
+    # Config.request_timeout bounds every call to the bus; nats-py's own default for a JetStream publish is 5 s.
+    loop.run(other.jetstream().add_stream(name="asks", subjects=["asks.>"]), 10)
+    nats_server.pause()
+    try:
+        began = time.monotonic()
+        with pytest.raises((nats.errors.TimeoutError, TimeoutError)):
+            loop.run(Asks(nc, timeout=0.5).publish(ASK), 10)
+        assert time.monotonic() - began < 4, "the publish waited past its timeout"
+    finally:
+        nats_server.resume()
 
 
 def test_the_same_ask_published_twice_is_kept_once(loop: EventLoopThread, nc: Client, other: Client) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -215,6 +216,21 @@ def test_a_change_is_told_as_the_seats_own_only_when_the_seat_made_it(
     assert last_told("bee", put(loop, other, PLACEMENT, "bee", placement("bee", "postgres"))) is False
     on_loop(loop, lambda: cache.end_writes([mine]))
     assert last_told("bee", put(loop, other, PLACEMENT, "bee", mine[2])) is False
+
+
+def test_a_request_of_the_cache_gives_up_after_its_request_timeout(
+    loop: EventLoopThread, nats_server: NatsServer, started: Start
+) -> None:
+    # Config.request_timeout bounds every call to the bus; nats-py's own default for a JetStream request is 5 s.
+    seed_buckets(nats_server.url, [PLACEMENT])
+    cache = started(states=[PLACEMENT], request_timeout=0.5).synced()
+    nats_server.pause()
+    try:
+        began = time.monotonic()
+        assert loop.run(cache.refresh(PLACEMENT, "ace"), 10) is False
+        assert time.monotonic() - began < 4, "the cache's request waited past its timeout"
+    finally:
+        nats_server.resume()
 
 
 def test_resync_reconciles_what_no_watch_tells(
