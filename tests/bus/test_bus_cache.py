@@ -180,16 +180,16 @@ def test_note_written_is_read_at_once_and_nothing_goes_backwards(
     second = put(loop, other, PLACEMENT, "ace", placement("ace", "postgres"))
     wait_until(lambda: (e := cache.view.get(PLACEMENT, "ace")) is not None and e.revision == second)
 
-    async def note(raw: bytes | None, revision: int) -> None:
-        cache.note_written(PLACEMENT, "ace", raw, revision)
+    def note(raw: bytes | None, revision: int) -> None:
+        on_loop(loop, lambda: cache.note_written(PLACEMENT, "ace", raw, revision))
 
-    loop.run(note(placement("ace", "gitea"), first), 5)  # older: ignored
+    note(placement("ace", "gitea"), first)  # older: ignored
     assert cache.view.placed_on("postgres") == ["ace"]
-    loop.run(note(placement("ace", "keycloak"), second + 10), 5)  # newer: kept at once
+    note(placement("ace", "keycloak"), second + 10)  # newer: kept at once
     assert cache.view.placed_on("keycloak") == ["ace"]
-    loop.run(note(None, second + 11), 5)  # a delete, newer still
+    note(None, second + 11)  # a delete, newer still
     assert cache.view.get(PLACEMENT, "ace") is None
-    loop.run(note(placement("ace", "gitea"), second + 5), 5)  # older than the delete: stays deleted
+    note(placement("ace", "gitea"), second + 5)  # older than the delete: stays deleted
     assert cache.view.get(PLACEMENT, "ace") is None
     cache.note_written("some-module.other", "x", b"{}", 1)  # a state not watched: ignored
     assert cache.view.get("some-module.other", "x") is None
