@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -143,6 +144,12 @@ class SeatProcess:
 
 
 # ---- the run ------------------------------------------------------------------------------------------------------
+
+
+def stop_cleanly_on_sigterm() -> None:
+    """Have SIGTERM (a `timeout`, a CI job cancelled) unwind the run as an exception does, so that each nats-server it
+    started stops with it: the server runs in a session of its own and would outlive a run killed outright."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
 def machine() -> dict[str, Any]:
@@ -332,6 +339,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    stop_cleanly_on_sigterm()
     out = run(args)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1) + "\n")

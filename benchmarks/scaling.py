@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.converge import SEED, SeatProcess, log, machine
+from benchmarks.converge import SEED, SeatProcess, log, machine, stop_cleanly_on_sigterm
 from benchmarks.mesh import generate, load
 from mesh_provisioner.bus.embedded import EmbeddedServer
 
@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="small: a smoke run, not a measurement")
     p.add_argument("--nodes", type=int, nargs="*", default=None, help="the sizes (default 250 500 1000 2000)")
     args = p.parse_args(argv)
+    stop_cleanly_on_sigterm()
     sizes = args.nodes or ([10, 20, 40] if args.quick else [250, 500, 1000, 2000])
     runs = [one(n, args.seed) for n in sizes]
     ratios = [b["seconds"] / a["seconds"] for a, b in itertools.pairwise(runs) if b["nodes"] == 2 * a["nodes"]]

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ("kv_put_limit", "writes", "seconds", "writes_per_s", "ratio_vs_limit", "ratio_vs_seed_design",
@@ -30,3 +31,36 @@ def test_converge_quick_writes_every_figure(tmp_path: Path) -> None:
     assert figures["steady"]["matched"] > 0
     assert set(figures["head_of_line"]) == {"parallel", "serial"}
     assert figures["bus_floor"]["writes"] == 2000  # the quick limit's puts
+
+
+def _servers_of(pid: int) -> list[int]:
+    """The nats-servers a process started (Linux: each /proc/<pid>/stat names its parent)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name, _, rest = stat.partition(" (")[2].rpartition(") ")
+        if name == "nats-server" and int(rest.split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_a_benchmark_stopped_by_sigterm_stops_the_server_it_started(tmp_path: Path) -> None:
+    # The server runs in a session of its own: a run killed outright would leave it running.
+    run = subprocess.Popen([sys.executable, "-m", "benchmarks.scaling", "--quick", "--json", str(tmp_path / "s.json")],
+                           cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        servers = wait_until(lambda: _servers_of(run.pid), timeout=60, what="the benchmark's nats-server")
+        run.terminate()
+        assert run.wait(60) == 143
+        wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in servers), timeout=15,
+                   what="the benchmark's nats-server gone")
+    finally:
+        run.kill()
+        run.wait()

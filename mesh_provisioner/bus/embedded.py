@@ -84,15 +84,20 @@ class EmbeddedServer:
         with open(self.log_path, "ab") as out:
             self.process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"nats-server exited at start with {self.process.returncode}; see {self.log_path}")
-            if self.ready():
-                log.debug("nats-server takes clients on %s", self.url)
-                return self
-            time.sleep(0.02)
-        self.stop()
-        raise TimeoutError(f"nats-server did not listen on {self.url} within {timeout} s")
+        try:
+            while time.monotonic() < deadline:
+                if (code := self.process.poll()) is not None:
+                    raise RuntimeError(f"nats-server exited at start with {code}; see {self.log_path}")
+                if self.ready():
+                    log.debug("nats-server takes clients on %s", self.url)
+                    return self
+                time.sleep(0.02)
+            raise TimeoutError(f"nats-server did not listen on {self.url} within {timeout} s")
+        except BaseException:
+            # Whatever ends the start (a timeout, a signal's exit, Ctrl-C) stops the server: `with` only stops a
+            # server whose start returned, and in a session of its own it would outlive its owner.
+            self.stop()
+            raise
 
     def ready(self) -> bool:
         """Whether the server takes a client and says JetStream is on (its INFO line)."""
