@@ -14,6 +14,9 @@ nats-server on loopback.
 - the bus layer's ceiling (`benchmarks.floor`), measured right after the limit: as many compare-and-sets, in batches
   of a node's writes, through the seat's cache and store alone, no rules and no actors: `floor_writes_per_s` and
   `floor_ratio_vs_limit`, the most `ratio_vs_limit` the seat could reach here.
+- the cold start's ceiling on one interpreter (`benchmarks.floor.ceiling`): the N-node mesh's cache loaded once
+  before the seat starts, its rules run alone in memory, and the fixed point's writes at the floor's CPU a write:
+  `ceiling_seconds`, the least CPU a cold start needs, and `ceiling_ratio_vs_limit`.
 
 `--quick` makes everything small (a smoke run for the tests, not a measurement).
 """
@@ -37,7 +40,7 @@ import nats
 import nats.js.errors
 
 from benchmarks import seed_design, steady
-from benchmarks.floor import bus_floor
+from benchmarks.floor import bus_floor, cache_load, ceiling, rules_alone
 from benchmarks.mesh import generate, load
 from mesh_provisioner.bus.embedded import EmbeddedServer, server_binary
 from mesh_provisioner.config import Config
@@ -171,13 +174,17 @@ def log(*words: Any) -> None:
     print(f"[{time.strftime('%H:%M:%S')}]", *words, file=sys.stderr, flush=True)
 
 
-def cold(url: str, mesh_nodes: int, seed: int, max_parallel: int | None = None) -> tuple[SeatProcess, dict[str, Any]]:
-    """Load a mesh and start a seat on it; the seat process, still running, and its cold start's figures."""
+def cold(
+    url: str, mesh_nodes: int, seed: int, max_parallel: int | None = None, *, time_load: bool = False
+) -> tuple[SeatProcess, dict[str, Any]]:
+    """Load a mesh and start a seat on it; the seat process, still running, and its cold start's figures. With
+    `time_load`, a cache alone first loads what the seat will (`cache_load`)."""
     mesh = generate(mesh_nodes, seed)
     loaded = asyncio.run(load(url, mesh))
+    timed = {"cache_load": cache_load(url)} if time_load else {}
     log(f"loaded {loaded} keys of a mesh of {mesh_nodes} nodes; starting the seat")
     seat = SeatProcess(url, max_parallel)
-    return seat, {**seat.started, "loaded_keys": loaded}
+    return seat, {**seat.started, "loaded_keys": loaded, **timed}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -221,7 +228,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         # Cold convergence of N nodes.
         mesh = generate(args.nodes, args.seed)
-        seat, c = cold(url, args.nodes, args.seed)
+        seat, c = cold(url, args.nodes, args.seed, time_load=True)
         out["cold"] = c
         out["writes"] = c["writes"]
         out["seconds"] = c["seconds"]
@@ -231,6 +238,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out["rss_delta_bytes_per_key"] = (c["peak_rss_bytes"] - c["rss_before_bytes"]) / c["keys"]
         log(f"cold: {c['writes']} writes in {c['seconds']:.2f} s = {out['writes_per_s']:.0f}/s "
             f"(ratio {out['ratio_vs_limit']:.2f}); {out['peak_rss_bytes_per_key']:.0f} B/key")
+        rules = rules_alone(mesh.states)
+        top = ceiling(c["cache_load"], rules, floor, out["kv_put_limit"])
+        out["ceiling"] = {"cache_load": c["cache_load"], "rules": rules, **top}
+        out["ceiling_seconds"] = top["seconds"]
+        out["ceiling_ratio_vs_limit"] = top["ratio_vs_limit"]
+        log(f"ceiling: {top['writes']} writes in at least {top['seconds']:.2f} s of one interpreter "
+            f"(cache {c['cache_load']['cpu_seconds']:.2f} s, rules {rules['first_round_cpu_seconds']:.2f} s), "
+            f"ratio at most {top['ratio_vs_limit']:.2f}")
 
         # Steady state.
         mix = {"bound": 2, "have": 1, "want": 1}
@@ -345,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     args.json.write_text(json.dumps(out, indent=1) + "\n")
     keys = ("kv_put_limit", "writes", "seconds", "writes_per_s", "ratio_vs_limit", "ratio_vs_seed_design",
             "latency_p50_ms", "latency_p99_ms", "light_p99_ms", "ratio_vs_serial_p99", "peak_rss_bytes_per_key",
-            "floor_writes_per_s", "floor_ratio_vs_limit")
+            "floor_writes_per_s", "floor_ratio_vs_limit", "ceiling_seconds", "ceiling_ratio_vs_limit")
     for key in keys:
         print(f"{key:24} {out[key]:.4g}")
     return 0

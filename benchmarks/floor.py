@@ -6,12 +6,19 @@ size each, `max_parallel` batches at once, on one connection and one event loop,
 actor, no thread: what is left is nats-py and the bus layer (`bus/cache.py`, `bus/store.py`) alone. Its writes a
 second over the put limit is the most `ratio_vs_limit` the seat can reach on this machine; whatever the rules and
 the actors cost comes on top.
+
+The cold start's ceiling adds what any seat on one interpreter must do besides its writes: load its cache (every
+bucket it reads, once: `cache_load`) and run its rules (every node composed once and every key judged once, in
+memory: `rules_alone`). Those three, one after the other on one interpreter's CPU with nothing between them, are
+the least time a cold start can take here; the fixed point's writes over that time, over the put limit, is the most
+`ratio_vs_limit` any such seat could reach (`ceiling`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import nats
@@ -20,7 +27,8 @@ from mesh_provisioner.bus.cache import Cache
 from mesh_provisioner.bus.connection import ensure_buckets
 from mesh_provisioner.bus.store import Store
 from mesh_provisioner.messages.writes import Put
-from mesh_provisioner.rules.view import PROVISIONS
+from mesh_provisioner.rules.settle import settle
+from mesh_provisioner.rules.view import PROVISIONS, MemoryView
 
 
 async def _floor(url: str, writes: int, batch: int, parallel: int, value: bytes) -> dict[str, Any]:
@@ -57,3 +65,54 @@ def bus_floor(url: str, writes: int, batch: int, parallel: int, value: bytes) ->
     """`writes` compare-and-sets through the bus layer alone, in batches of `batch`, `parallel` at once, on an empty
     provisions bucket of the server at `url`: writes a second and this process's CPU a write."""
     return asyncio.run(_floor(url, writes, batch, parallel, value))
+
+
+async def _cache_load(url: str) -> dict[str, Any]:
+    nc = await nats.connect(url)
+    cache = Cache(nc, load_timeout=60, request_timeout=60)
+    try:
+        start, cpu = time.perf_counter(), time.process_time()
+        await cache.start()
+        await cache.wait_synced(600)
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+        keys = sum(1 for state in cache.states for _ in cache.view.keys(state))
+    finally:
+        await cache.stop()
+        await nc.close()
+    return {"keys": keys, "seconds": seconds, "cpu_seconds": cpu}
+
+
+def cache_load(url: str) -> dict[str, Any]:
+    """The seat's cache loading every bucket it reads from the server at `url`, once: keys, seconds, CPU seconds."""
+    return asyncio.run(_cache_load(url))
+
+
+def _view(states: dict[str, dict[str, bytes]]) -> MemoryView:
+    view = MemoryView()
+    for revision, (state, key, value) in enumerate(
+        ((state, key, value) for state, values in states.items() for key, value in values.items()), start=1
+    ):
+        view.put(state, key, value, revision)
+    return view
+
+
+def rules_alone(states: dict[str, dict[str, bytes]]) -> dict[str, Any]:
+    """The seat's rules alone on a mesh's states, in memory: the writes of its fixed point and the rounds settling
+    takes, and the CPU seconds of the least composing any seat does (every node composed once, every key judged
+    once: settling's first round)."""
+    now = datetime.now(UTC)
+    mesh = _view(states)
+    settled = settle(mesh.copy(), now)
+    view = mesh.copy()
+    cpu = time.process_time()
+    settle(view, now, max_rounds=1)
+    return {"writes": len(settled.writes), "rounds": settled.rounds, "settled": settled.settled,
+            "first_round_cpu_seconds": time.process_time() - cpu}
+
+
+def ceiling(load: dict[str, Any], rules: dict[str, Any], floor: dict[str, Any], put_limit: float) -> dict[str, Any]:
+    """The cold start's least time on one interpreter (its cache loaded, its rules run, the fixed point's writes at
+    the floor's CPU a write, one after the other), and the most `ratio_vs_limit` that allows."""
+    seconds = load["cpu_seconds"] + rules["first_round_cpu_seconds"] + rules["writes"] * floor["cpu_us_per_write"] / 1e6
+    return {"seconds": seconds, "writes": rules["writes"], "writes_per_s": rules["writes"] / seconds,
+            "ratio_vs_limit": rules["writes"] / seconds / put_limit}

@@ -13,7 +13,7 @@ from helpers import wait_until
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ("kv_put_limit", "writes", "seconds", "writes_per_s", "ratio_vs_limit", "ratio_vs_seed_design",
            "latency_p50_ms", "latency_p99_ms", "light_p99_ms", "ratio_vs_serial_p99", "peak_rss_bytes_per_key",
-           "floor_writes_per_s", "floor_ratio_vs_limit")
+           "floor_writes_per_s", "floor_ratio_vs_limit", "ceiling_seconds", "ceiling_ratio_vs_limit")
 
 
 @pytest.mark.slow
@@ -31,6 +31,12 @@ def test_converge_quick_writes_every_figure(tmp_path: Path) -> None:
     assert figures["steady"]["matched"] > 0
     assert set(figures["head_of_line"]) == {"parallel", "serial"}
     assert figures["bus_floor"]["writes"] == 2000  # the quick limit's puts
+    ceiling = figures["ceiling"]
+    assert ceiling["cache_load"]["keys"] == figures["cold"]["loaded_keys"]  # the cache loaded all the mesh
+    assert ceiling["rules"]["settled"] and ceiling["rules"]["writes"] > 0
+    parts = (ceiling["cache_load"]["cpu_seconds"] + ceiling["rules"]["first_round_cpu_seconds"]
+             + ceiling["writes"] * figures["bus_floor"]["cpu_us_per_write"] / 1e6)
+    assert figures["ceiling_seconds"] == pytest.approx(parts)
 
 
 def _servers_of(pid: int) -> list[int]:
