@@ -213,18 +213,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"(ratio {out['floor_ratio_vs_limit']:.2f}), {floor['cpu_us_per_write']:.1f} µs of CPU a write")
 
         # The seeds' way against the seat's, on the same mesh.
-        seat, small = cold(url, baseline_nodes, args.seed)
+        seat, small = cold(url, 2 if args.cold_only else baseline_nodes, args.seed)
         seat.stop()
         log(f"seat on {baseline_nodes} nodes: {small['seconds']:.2f} s, {small['writes']} writes")
         reset(url)
-        asyncio.run(load(url, generate(baseline_nodes, args.seed)))
-        log(f"the seeds' way on {baseline_nodes} nodes ...")
-        base = seed_design.run(url, max_passes=args.baseline_passes)
-        log(f"the seeds' way: {base.seconds:.1f} s ({base.passes} passes, {base.reads} reads, {base.writes} writes)")
-        reset(url)
-        out["seed_design"] = {"nodes": baseline_nodes, "seat_seconds": small["seconds"],
-                              "seat_writes": small["writes"], **asdict(base)}
-        out["ratio_vs_seed_design"] = base.seconds / small["seconds"]
+        if not args.cold_only:
+            asyncio.run(load(url, generate(baseline_nodes, args.seed)))
+            log(f"the seeds' way on {baseline_nodes} nodes ...")
+            base = seed_design.run(url, max_passes=args.baseline_passes)
+            log(f"the seeds' way: {base.seconds:.1f} s ({base.passes} passes, {base.reads} reads, "
+                f"{base.writes} writes)")
+            reset(url)
+            out["seed_design"] = {"nodes": baseline_nodes, "seat_seconds": small["seconds"],
+                                  "seat_writes": small["writes"], **asdict(base)}
+            out["ratio_vs_seed_design"] = base.seconds / small["seconds"]
 
         # Cold convergence of N nodes.
         mesh = generate(args.nodes, args.seed)
@@ -232,12 +234,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out["cold"] = c
         out["writes"] = c["writes"]
         out["seconds"] = c["seconds"]
+        out["compositions_per_node"] = c["compositions"] / args.nodes
         out["writes_per_s"] = c["writes"] / c["seconds"]
         out["ratio_vs_limit"] = out["writes_per_s"] / out["kv_put_limit"]
         out["peak_rss_bytes_per_key"] = c["peak_rss_bytes"] / c["keys"]
         out["rss_delta_bytes_per_key"] = (c["peak_rss_bytes"] - c["rss_before_bytes"]) / c["keys"]
         log(f"cold: {c['writes']} writes in {c['seconds']:.2f} s = {out['writes_per_s']:.0f}/s "
-            f"(ratio {out['ratio_vs_limit']:.2f}); {out['peak_rss_bytes_per_key']:.0f} B/key")
+            f"(ratio {out['ratio_vs_limit']:.2f}); {out['peak_rss_bytes_per_key']:.0f} B/key; "
+            f"{c['compositions']} compositions, {out['compositions_per_node']:.2f} a node")
+        if args.cold_only:
+            seat.stop()
+            return out
         rules = rules_alone(mesh.states)
         top = ceiling(c["cache_load"], rules, floor, out["kv_put_limit"])
         out["ceiling"] = {"cache_load": c["cache_load"], "rules": rules, **top}
@@ -345,6 +352,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=0.0, help="seconds of load (default 30; quick 2)")
     p.add_argument("--heavy", type=int, default=0, help="modules of the heavy node (default 500; quick 30)")
     p.add_argument("--heavy-rate", type=float, default=50.0, help="changes a second to the heavy node")
+    p.add_argument("--cold-only", action="store_true",
+                   help="measure the put limit and the cold start alone (writes, seconds, compositions a node)")
     p.add_argument("--baseline-nodes", type=int, default=0, help="nodes of the seeds' comparison (default 100)")
     p.add_argument("--baseline-passes", type=int, default=1,
                    help="passes of the seeds' way (1: its cold pass, as its process makes it; more: up to its "
@@ -358,11 +367,13 @@ def main(argv: list[str] | None = None) -> int:
     out = run(args)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1) + "\n")
-    keys = ("kv_put_limit", "writes", "seconds", "writes_per_s", "ratio_vs_limit", "ratio_vs_seed_design",
+    keys = ("kv_put_limit", "writes", "seconds", "compositions_per_node", "writes_per_s", "ratio_vs_limit",
+            "ratio_vs_seed_design",
             "latency_p50_ms", "latency_p99_ms", "light_p99_ms", "ratio_vs_serial_p99", "peak_rss_bytes_per_key",
             "floor_writes_per_s", "floor_ratio_vs_limit", "ceiling_seconds", "ceiling_ratio_vs_limit")
     for key in keys:
-        print(f"{key:24} {out[key]:.4g}")
+        if key in out:
+            print(f"{key:24} {out[key]:.4g}")
     return 0
 
 

@@ -51,6 +51,7 @@ from mesh_provisioner.rules.view import (
     Entry,
     entry_of,
     group_of,
+    plan_provisions_of,
 )
 
 TIMEOUT = 30.0
@@ -84,6 +85,10 @@ class RemoteView:
         self.reads += 1
         keys = self._loop.run(_keys(kv), TIMEOUT)
         return keys if node is None else [key for key in keys if group_of(state, key) == node]
+
+    def plan_provisions(self, key: str) -> tuple[tuple[str, str], ...] | None:
+        """One `kv.get` of a plan, as the seeds read a provider's plan."""
+        return plan_provisions_of(self.get(PLANS, key))
 
     # ---- indices, by scanning -----------------------------------------------------------------------------------
 

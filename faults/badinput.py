@@ -6,9 +6,10 @@ every wrong shape. `inputs(live=...)` is the hypothesis strategy; `live` keeps t
 subjects.
 
 `pure_run` feeds inputs through the pure rules on a MemoryView holding the sample mesh settled: each is put in the
-view, what it wakes (`woken_by`) is composed (`compose_node`), judged again (`rejudge`) and decided (`decide`), every
-write checked, and the key put back; every 500th input the whole view is settled (`settle`) with it. Nothing may
-raise, every write must be of a key of tokens and a value its state decodes, and settling must end.
+view, what it touches is named (`touched`), its node composed (`compose_node`), a key and its dependents judged
+again (`rejudge`) and decided (`decide`), every write checked, and the key put back; every 500th input the whole
+view is settled (`settle`) with it. Nothing may raise, every write must be of a key of tokens and a value its state
+decodes, and settling must end.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Put, Write
 from mesh_provisioner.rules.keys import is_token
 from mesh_provisioner.rules.node import compose_node, rejudge
+from mesh_provisioner.rules.reads import touched
 from mesh_provisioner.rules.retire import decide
 from mesh_provisioner.rules.settle import apply, settle
 from mesh_provisioner.rules.view import (
@@ -41,13 +43,14 @@ from mesh_provisioner.rules.view import (
     MANIFESTS,
     MODULES,
     PLACEMENT,
+    PROVISIONS,
     RESOLVED,
     WANTS,
     MemoryView,
     bound,
+    group_of,
     kind_of,
 )
-from mesh_provisioner.rules.wakes import woken_by
 from mesh_provisioner.samples import sample_mesh
 
 # Every state the seat reads: section 2's, each BoundReads provider's entries, the router's records, and what the
@@ -273,13 +276,10 @@ def feed(view: MemoryView, state: str, key: str, value: bytes, now: datetime, *,
     problems: list[str] = []
     try:
         new = view.put(state, key, value, revision)
-        woken = woken_by(view, state, key, old, new)
-        writes: list[Write] = []
-        for node in sorted(woken.nodes):
-            writes += compose_node(view, node, now).writes
-        for k in sorted(woken.keys):
+        touched(view, state, key, old, new)
+        writes: list[Write] = compose_node(view, group_of(state, key), now).writes
+        for k in sorted({*view.dependents(key), key}) if state == PROVISIONS else ():
             writes += rejudge(view, k, now).writes
-        for k in sorted(woken.decide):
             writes += decide(view, k, now).writes
         problems += check_writes(writes)
         if settle_too:

@@ -44,27 +44,26 @@ from mesh_provisioner.bus.store import Applied, Store
 from mesh_provisioner.config import Config
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import (
-    Changed,
     ChildExited,
     ComposeNode,
     Crash,
     Decided,
-    Look,
     Message,
-    Rejudge,
     Restart,
     Resync,
     SeatStatus,
     Status,
     Stop,
+    Tick,
 )
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.metrics import Metrics
 from mesh_provisioner.rules.keys import is_token
+from mesh_provisioner.rules.reads import NODE_STATES, Reads, known_nodes, touched
 from mesh_provisioner.rules.retire import retire_needs
 from mesh_provisioner.rules.signature import make_verify
-from mesh_provisioner.rules.view import Entry, MemoryView
-from mesh_provisioner.rules.wakes import known_nodes, woken_by
+from mesh_provisioner.rules.view import ASK_RECORDS, BUILDS, MANIFESTS, MODULES, PROVISIONS, Entry, MemoryView, group_of
+from mesh_provisioner.runtime.dispatch import COMPOSE, JUDGE, LOOK, Dispatcher, Judgment
 
 log = logging.getLogger("mesh_provisioner.supervisor")
 
@@ -98,6 +97,7 @@ class Supervisor:
         self.nc = nc
         self.owns_nc = owns_nc
         self.in_flight = InFlight()
+        self.dispatcher = Dispatcher(self._kick)
         self.metrics = metrics or Metrics()
         self.metrics.cache_keys.set_function(lambda: len(self.cache.view))
         self.cache = Cache(nc, bound_reads=config.bound_reads, on_change=self._changed, on_resync=self._resynced,
@@ -164,7 +164,7 @@ class Supervisor:
         """`needs` is retired: every key of it is deleted when the seat starts (section 4)."""
         writes = retire_needs(self.view)
         if writes:
-            self.apply(writes)
+            self.apply(writes, {})
             log.info("deleted %d key(s) of the retired needs", len(writes))
 
     def _start_children(self) -> None:
@@ -265,9 +265,14 @@ class Supervisor:
         """The cache the rules read."""
         return self.cache.view
 
-    def apply(self, writes: list[Write]) -> Applied:
-        """Apply writes by compare-and-set on the bus, in order, stopping at the first conflict."""
-        applied = self.loop.run(self.store.apply(writes), self.config.work_timeout)
+    def apply(self, writes: list[Write], writers: Mapping[tuple[str, str], Judgment]) -> Applied:
+        """Apply writes by compare-and-set on the bus, in order, stopping at the first conflict; `writers` names the
+        judgment that made each write, which the write does not wake."""
+        self.dispatcher.writing(writers)
+        try:
+            applied = self.loop.run(self.store.apply(writes), self.config.work_timeout)
+        finally:
+            self.dispatcher.written(writers)
         self.metrics.observe_writes((w.state for w, _ in applied.done), applied.conflict is not None)
         return applied
 
@@ -278,6 +283,10 @@ class Supervisor:
     def now(self) -> datetime:
         """The time writes are stamped with."""
         return self._clock()
+
+    def reads(self) -> Reads:
+        """A view over the cache that records what a judgment reads, stamped with the changes it holds already."""
+        return Reads(self.cache.view, self.cache.changes)
 
     def publish(self, ask: r.Ask) -> None:
         """Publish an ask on the operator's channel, de-duplicated by its id."""
@@ -309,19 +318,30 @@ class Supervisor:
         """Whether an actor instance was killed through the chaos API."""
         return urn in self._killed
 
-    def tell(self, name: str, message: Message) -> None:
-        """Tell a child by name, counting the message as in flight; a dead child's restart resyncs instead."""
+    def tell(self, name: str, message: Message) -> bool:
+        """Tell a child by name, counting the message as in flight; False when it cannot hear it (a dead child's
+        restart resyncs instead)."""
         # No lock: called on the loop for each change, it must not wait for an actor thread. A child that dies
         # meanwhile is forgotten by `in_flight`, which then counts nothing for it (its successor resyncs).
         ref = self._refs.get(name)
         if ref is None or name in self._waiting:
-            return
+            return False
         urn = ref.actor_urn
         self.in_flight.sent(urn)
         try:
             ref.tell(message)
         except pykka.ActorDeadError:
             self.in_flight.done(urn)
+            return False
+        return True
+
+    def _kick(self, name: str) -> bool:
+        """Tell an actor to take its queue; a node's actor is started when it has none."""
+        if self._stopping:
+            return False
+        if name.startswith("node:"):
+            self._node(name.removeprefix("node:"), resync=False)
+        return self.tell(name, Tick())
 
     def exited(self, message: ChildExited) -> None:
         """A child stopped: the supervisor actor decides what follows."""
@@ -332,38 +352,53 @@ class Supervisor:
     # ---- routing (contract section 6) -----------------------------------------------------------------------
 
     def _changed(self, state: str, key: str, old: Entry | None, new: Entry | None, ours: bool) -> None:
-        """Route one change of the cache (`ours`: the seat's own write) to every actor it wakes. Runs on the event
-        loop: it never blocks."""
+        """Wake every judgment that read what one change of the cache touched (`ours`: the seat's own write), and
+        start the judgments a new node or key needs. Runs on the event loop: it never blocks."""
         if self._stopping or not self._routing:
             return
-        woken = woken_by(self.view, state, key, old, new, another_writer=not ours)
-        at = time.monotonic()
-        changed = Changed(at, state, key, new.revision) if new is not None else Changed(at)
-        for node in woken.nodes:
+        route = partial(self._route, state, key)
+        writers = self.dispatcher.writers(state, key) if ours else ()
+        self.dispatcher.changed(
+            touched(self.view, state, key, old, new), route, time.monotonic(), writers, self.cache.changes
+        )
+        if new is None:
+            return
+        node = group_of(state, key)
+        if state in NODE_STATES and not self.dispatcher.knows((COMPOSE, node)):
             if not is_token(node):
-                # Section 7: a key whose node is not a token is bad input; it gets no actor of its own, as at start.
+                # Section 7: a key whose node is not a token is bad input; nothing is composed for it.
                 log.warning("%s %s names no node (%r is not a token): nothing is composed for it", state, key, node)
-                continue
-            self.tell(self._node(node), changed)
-        if woken.keys:
-            # The keys one change wakes are judged together, in one batch of writes, by one actor where they can be:
-            # a provider's bound actor, or the node actor `judged_on` names. Writes are compare-and-set, so the actor
-            # need not own them (design.md, "Parallel, not shared"). A shared credential's change told each of its
-            # dependents' hundreds of node actors instead: each woke, took the interpreter from the bus loop and
-            # waited on it for one write, and the loop fell half a second behind.
-            if state.endswith(".bound"):
-                self.tell(f"bound:{state.removesuffix('.bound')}", Rejudge(woken.keys, at))
-            elif is_token(woken.judged_on):
-                self.tell(self._node(woken.judged_on), Rejudge(woken.keys, at))
             else:
-                by_node: dict[str, set[str]] = {}
-                for k in woken.keys:
-                    by_node.setdefault(k.split(".", 1)[0], set()).add(k)
-                for node, keys in by_node.items():
-                    if is_token(node):
-                        self.tell(self._node(node), Rejudge(frozenset(keys), at))
-        if woken.decide:
-            self.tell(ASKER, Look(woken.decide))
+                self.dispatcher.add([(COMPOSE, node)], f"node:{node}")
+        if state == PROVISIONS:
+            # Every key is judged (rules/settle.py); a retiring one waiting for its answer is looked at (5.4).
+            if not self.dispatcher.knows((JUDGE, key)):
+                self.dispatcher.add([(JUDGE, key)], route)
+            p = new.get(r.Provision)
+            waits = p is not None and p.state == r.RETIRING and bool(p.ask) and p.warrant is None
+            if waits and not self.dispatcher.knows((LOOK, key)):
+                self.dispatcher.add([(LOOK, key)], ASKER)
+
+    def _route(self, state: str, key: str, j: Judgment) -> str:
+        """The actor that runs a judgment one change woke.
+
+        A node's composition runs at its node's actor, a look at the asker. The keys one change wakes are judged
+        together, in one batch of writes, by one actor: the provider's bound actor for its entries, else the
+        changed key's node's (a provider's have, a key whose state its dependents follow), else the key's own node.
+        Writes are compare-and-set, so the actor need not own them (design.md, "Parallel, not shared"); a shared
+        credential's change would otherwise wake hundreds of actors for one write each.
+        """
+        kind, subject = j
+        if kind == COMPOSE:
+            return f"node:{subject}"
+        if kind == LOOK:
+            return ASKER
+        if state.endswith(".bound") and state.removesuffix(".bound") in self.config.bound_reads:
+            return f"bound:{state.removesuffix('.bound')}"
+        node = group_of(state, key)
+        if state in (MODULES, MANIFESTS, BUILDS, ASK_RECORDS) or not is_token(node):
+            node = subject.split(".", 1)[0]
+        return f"node:{node}" if is_token(node) else ASKER
 
     async def _stream_created(self, msg: Msg) -> None:
         """A stream was created: if it is the router's, the asks not published for want of one go out now (5.4).
@@ -432,6 +467,7 @@ class Supervisor:
                 self._waiting.discard(name)
         if restarted:
             self._resync(name)
+            self.dispatcher.restarted(name)
         self.in_flight.done("restart:" + name)
 
     def _connection_closed(self) -> None:
@@ -487,7 +523,8 @@ class Supervisor:
                 caught_up = self.loop.run(self.cache.caught_up(), max(deadline - time.monotonic(), 0.1))
             except TimeoutError:
                 return False  # the bus did not answer by the deadline (a paused or dead server): not settled
-            calm = calm + 1 if caught_up and self.in_flight.total() == 0 else 0
+            quiet = self.in_flight.total() == 0 and self.dispatcher.idle()
+            calm = calm + 1 if caught_up and quiet else 0
             if calm >= 2:
                 return True
         return False

@@ -8,15 +8,17 @@ router's record of each retiring key's ask when a decided notice comes, and at s
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from mesh_provisioner.actors.base import InFlight, Seat, SeatActor
 from mesh_provisioner.messages import records as r
-from mesh_provisioner.messages.protocol import Decided, Look, Resync, Tick
+from mesh_provisioner.messages.protocol import Decided
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.rules.retire import ask_of, decide, retiring_keys
-from mesh_provisioner.rules.view import ASK_RECORDS
+from mesh_provisioner.rules.view import ASK_RECORDS, View
 from mesh_provisioner.rules.writing import provision_of
+from mesh_provisioner.runtime.dispatch import LOOK, Judgment
 
 log = logging.getLogger("mesh_provisioner.actors.asker")
 
@@ -26,42 +28,45 @@ class AskerActor(SeatActor):
 
     def __init__(self, seat: Seat, in_flight: InFlight, *, retries: int = 8) -> None:
         super().__init__("asker", seat, in_flight, retries)
-        self.keys: set[str] = set()
         self.published: set[str] = set()
         self.asks_raised = 0
         self.decided = 0
 
     def handle(self, message: Any) -> Any:
-        """Gather the keys to look at until the tick, then look at each once."""
-        if isinstance(message, Look):
-            self.keys |= message.keys
-            self.tick()
-        elif isinstance(message, Decided | Resync):
-            self.keys |= set(retiring_keys(self.seat.view))
-            self.tick()
-        elif isinstance(message, Tick):
-            self.ticking = False
-            keys, self.keys = sorted(self.keys), set()
-            for key in keys:
-                self.look(key)
+        """A decided notice, or the router's stream created: look at every retiring key again."""
+        if isinstance(message, Decided):
+            self.seat.dispatcher.add(self.owned(), self.name)
         return None
 
+    def owned(self) -> list[Judgment]:
+        """Every retiring key's look."""
+        return [(LOOK, key) for key in sorted(retiring_keys(self.seat.view))]
+
     def look(self, key: str) -> None:
+        """Look at a retiring key's ask, recording what it read, so that its record's arrival wakes it."""
+        reads = self.seat.reads()
+        try:
+            self._look(key, reads)
+        finally:
+            self.seat.dispatcher.done((LOOK, key), reads)
+
+    def _look(self, key: str, view: View) -> None:
         """Publish a retiring key's ask unless the router holds it; take its answer once it is decided."""
-        p, _ = provision_of(self.seat.view, key)
+        p, _ = provision_of(view, key)
         if p is None or p.state != r.RETIRING or not p.ask or p.warrant is not None:
             return
-        if self.seat.view.get(ASK_RECORDS, p.ask) is None:
+        if view.get(ASK_RECORDS, p.ask) is None:
             self._publish(key, p)
             return
         said: list[str] = []
+        j: Judgment = (LOOK, key)
 
-        def judge() -> list[Write]:
-            decided = decide(self.seat.view, key, self.seat.now(), self.seat.verify)
+        def judge() -> tuple[list[Write], Mapping[tuple[str, str], Judgment]]:
+            decided = decide(view, key, self.seat.now(), self.seat.verify)
             said[:] = [decided.said]
-            return decided.writes
+            return decided.writes, {(w.state, w.key): j for w in decided.writes}
 
-        why = self.write(judge, self.retries, again=Look(frozenset({key})))
+        why = self.write(judge, 0.0, [j])
         if why:
             log.warning("the answer for %s is not written: %s", key, why)
         elif said and said[0]:

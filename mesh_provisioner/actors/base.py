@@ -1,8 +1,12 @@
-"""What every child of the supervisor shares: the seat it works in, death reporting, in-flight accounting.
+"""What every child of the supervisor shares: the seat it works in, death reporting, in-flight accounting, and
+running the judgments the dispatcher queued for it.
 
 pykka has no supervision (design.md, "Supervision"): an actor whose `on_receive` raises is simply gone. So each
 child tells its supervisor when it stops, by a crash or by a stop nobody asked for, and counts the messages it has
 not finished, so that `wait_settled` knows when every mailbox is empty and no write is in flight.
+
+An actor does no coalescing of its own: at each `Tick` it takes every judgment the dispatcher queued for it
+(runtime/dispatch.py), runs each over a view that records what it read, and hands the read set back.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ from typing import Any, Protocol
 import pykka
 
 from mesh_provisioner.messages import records as r
-from mesh_provisioner.messages.protocol import ChildExited, Crash, Message, Rejudge, Tick
+from mesh_provisioner.messages.protocol import ChildExited, Crash, Message, Resync, Tick, Wake
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.metrics import Metrics
 from mesh_provisioner.rules.node import rejudge
+from mesh_provisioner.rules.reads import Reads
 from mesh_provisioner.rules.view import View
+from mesh_provisioner.runtime.dispatch import COMPOSE, JUDGE, LOOK, Dispatcher, Judgment
 
 log = logging.getLogger("mesh_provisioner.actors")
 
@@ -44,9 +50,11 @@ class Seat(Protocol):
 
     view: View
     metrics: Metrics
+    dispatcher: Dispatcher
 
-    def apply(self, writes: list[Write]) -> Applied:
-        """Apply writes by compare-and-set, in order, stopping at the first conflict."""
+    def apply(self, writes: list[Write], writers: Mapping[tuple[str, str], Judgment]) -> Applied:
+        """Apply writes by compare-and-set, in order, stopping at the first conflict; `writers` names the judgment
+        that made each, which its own write does not wake."""
         ...
 
     def refresh(self, write: Write) -> bool:
@@ -57,6 +65,10 @@ class Seat(Protocol):
         """The time to stamp writes with."""
         ...
 
+    def reads(self) -> Reads:
+        """A view over the cache that records what a judgment reads from it, from now on."""
+        ...
+
     def publish(self, ask: r.Ask) -> None:
         """Publish an ask on the operator's channel, de-duplicated by its id."""
         ...
@@ -65,8 +77,8 @@ class Seat(Protocol):
         """Why a warrant's signature is refused; "" when it holds or none is required."""
         ...
 
-    def tell(self, name: str, message: Message) -> None:
-        """Tell a child by name, counting the message as in flight."""
+    def tell(self, name: str, message: Message) -> bool:
+        """Tell a child by name, counting the message as in flight; False when it cannot hear it now."""
         ...
 
     def exited(self, message: ChildExited) -> None:
@@ -136,8 +148,13 @@ class InFlight:
             return self._idle.wait_for(lambda: not self._counts, timeout)
 
 
+Judge = Callable[[], tuple[list[Write], Mapping[tuple[str, str], Judgment]]]
+"""One run of a judgment: its writes, and the judgment that made each."""
+
+
 class SeatActor(pykka.ThreadingActor):
-    """A child of the supervisor: it reports its death, can be killed as a crash, and resynchronises on start."""
+    """A child of the supervisor: it reports its death, can be killed as a crash, resynchronises on start, and runs
+    the judgments queued for it."""
 
     def __init__(self, name: str, seat: Seat, in_flight: InFlight, retries: int = 8) -> None:
         super().__init__()
@@ -157,63 +174,98 @@ class SeatActor(pykka.ThreadingActor):
                 pykka.ActorRegistry.unregister(self.actor_ref)
                 self.actor_stopped.set()
                 raise ActorKilled(f"{self.name} was killed")
+            if isinstance(message, Tick):
+                self.run(self.seat.dispatcher.take(self.name))
+                return None
+            if isinstance(message, Resync):
+                # Design.md: a (re)started actor judges all it owns from the bus, never from memory.
+                self.seat.dispatcher.add(self.owned(), self.name)
+                return None
+            if isinstance(message, Wake):
+                self.seat.dispatcher.add(message.judgments, self.name)
+                return None
             return self.handle(message)
         finally:
             self.in_flight.done(self.actor_urn)
 
     def handle(self, message: Any) -> Any:
-        """What the actor does with one message."""
+        """What the actor does with any other message (none by default)."""
+        return None
+
+    def owned(self) -> list[Judgment]:
+        """Every judgment this actor runs again when it (re)starts."""
         raise NotImplementedError
 
-    # ---- coalescing: many wakes before a tick are done by that one tick ------------------------------------
+    def run(self, items: list[tuple[Judgment, float]]) -> None:
+        """Run judgments taken from the queue: compositions first, so that the keys they write are judged after."""
+        by_kind: dict[str, list[tuple[Judgment, float]]] = {COMPOSE: [], JUDGE: [], LOOK: []}
+        for item in items:
+            by_kind[item[0][0]].append(item)
+        for (_, node), since in by_kind[COMPOSE]:
+            self.compose(node, since)
+        self.judge_keys(by_kind[JUDGE])
+        for (_, key), _since in by_kind[LOOK]:
+            self.look(key)
 
-    ticking = False
+    def compose(self, node: str, since: float = 0.0) -> r.Composed:
+        """Compose a node (node actors only)."""
+        raise NotImplementedError(f"{self.name} composes no node")
 
-    def tick(self) -> None:
-        """Ask for one tick, unless one is already coming: whatever arrives before it is done by it."""
-        if not self.ticking:
-            self.ticking = True
-            self.seat.tell(self.name, Tick())
+    def look(self, key: str) -> None:
+        """Look at a retiring key's ask (the asker only)."""
+        raise NotImplementedError(f"{self.name} looks at no ask")
 
-    def rejudge_keys(self, keys: list[str], since: float = 0.0) -> None:
-        """Judge keys again from their providers' outcomes, each written by compare-and-set.
+    def judge_keys(self, items: list[tuple[Judgment, float]]) -> None:
+        """Judge keys again from their providers' outcomes, each written by compare-and-set (contract 5.3).
 
         The keys are judged together and their writes made as one batch (one round trip to the bus, not one a
-        key); a key whose write did not land (it conflicted, or failed) is judged again alone, as before.
+        key); a key whose write did not land (it conflicted, or failed) is judged again alone.
         """
-        if len(keys) <= 1:
-            for key in keys:
-                self._rejudge(key, since)
+        if not items:
             return
-        view, now = self.seat.view, self.seat.now()
-        judged = [(key, rejudge(view, key, now)) for key in keys]
-        writes = [w for _, j in judged for w in j.writes]
-        if not writes:
+        if len(items) == 1:
+            self._judge_alone(*items[0])
             return
-        applied = self.seat.apply(writes)
-        landed = {(w.state, w.key) for w, _ in applied.done}
-        for key, j in judged:
-            if all((w.state, w.key) in landed for w in j.writes):
-                if j.said:
-                    log.info("%s", j.said)
+        dispatcher = self.seat.dispatcher
+        now = self.seat.now()
+        runs = []
+        writes: list[Write] = []
+        writers: dict[tuple[str, str], Judgment] = {}
+        for j, since in items:
+            reads = self.seat.reads()
+            judged = rejudge(reads, j[1], now)
+            runs.append((j, since, reads, judged))
+            for w in judged.writes:
+                writes.append(w)
+                writers[(w.state, w.key)] = j
+        applied = self.seat.apply(writes, writers) if writes else None
+        landed = {(w.state, w.key) for w, _ in applied.done} if applied is not None else set()
+        for j, since, reads, judged in runs:
+            if all((w.state, w.key) in landed for w in judged.writes):
+                dispatcher.done(j, reads)
+                if judged.said:
+                    log.info("%s", judged.said)
+                if since and judged.writes:
+                    self.seat.metrics.change_to_write.observe(time.monotonic() - since)
             else:
-                self._rejudge(key, since)
-        if since and applied.done:
-            self.seat.metrics.change_to_write.observe(time.monotonic() - since)
+                self._judge_alone(j, since)
 
-    def _rejudge(self, key: str, since: float) -> None:
-        said: list[str] = []
+    def _judge_alone(self, j: Judgment, since: float) -> None:
+        key = j[1]
+        last: list[Any] = []
 
-        def judge() -> list[Write]:
-            judged = rejudge(self.seat.view, key, self.seat.now())
-            said[:] = [judged.said]
-            return judged.writes
+        def judge() -> tuple[list[Write], Mapping[tuple[str, str], Judgment]]:
+            reads = self.seat.reads()
+            judged = rejudge(reads, key, self.seat.now())
+            last[:] = [reads, judged.said]
+            return judged.writes, {(w.state, w.key): j for w in judged.writes}
 
-        why = self.write(judge, self.retries, since, Rejudge(frozenset({key})))
+        why = self.write(judge, since, [j])
+        self.seat.dispatcher.done(j, last[0])
         if why:
             log.warning("%s is not judged again: %s", key, why)
-        elif said and said[0]:
-            log.info("%s", said[0])
+        elif last[1]:
+            log.info("%s", last[1])
 
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
         """A crash: the supervisor restarts the actor."""
@@ -226,27 +278,24 @@ class SeatActor(pykka.ThreadingActor):
     def _report(self, *, failed: bool, why: str) -> None:
         if not self.reported:
             self.reported = True
+            self.seat.dispatcher.release(self.name)
             self.seat.exited(ChildExited(self.name, self.actor_urn, failed=failed, why=why))
 
-    def write(self, judge: Callable[[], list[Write]], retries: int, since: float = 0.0,
-              again: Message | None = None, written: set[tuple[str, str, int]] | None = None) -> str:
+    def write(self, judge: Judge, since: float = 0.0, again: list[Judgment] | None = None) -> str:
         """Judge and apply writes by compare-and-set; on a conflict read the key again and judge again.
 
         Answers "" once the writes landed (or there were none), else why they did not: never a blind put. `since`
         is when the change that asked for this judgement reached the cache, for the change-to-write histogram.
         A write that failed for another reason than a conflict (the bus out of reach, say) is not lost: `again`,
-        the message that redoes this work, comes back after a backoff (design.md, property 3). Each write that
-        landed is added to `written`, when given, as (state, key, revision).
+        the judgments that redo this work, are queued again after a backoff (design.md, property 3).
         """
         why = ""
-        for _ in range(retries + 1):
-            writes = judge()
+        for _ in range(self.retries + 1):
+            writes, writers = judge()
             if not writes:
                 self.failures = 0
                 return ""
-            applied = self.seat.apply(writes)
-            if written is not None:
-                written.update((w.state, w.key, revision) for w, revision in applied.done)
+            applied = self.seat.apply(writes, writers)
             if applied.conflict is None and not applied.error:
                 self.failures = 0
                 if since:
@@ -258,16 +307,11 @@ class SeatActor(pykka.ThreadingActor):
             if not self.seat.refresh(applied.conflict):
                 # Judged again from what memory holds, it would conflict again: done again later, as a failed write.
                 return self._again_later(again, f"{why}, and could not be read again")
-        return f"{why}, {retries + 1} times; it is judged again at its next change"
+        return f"{why}, {self.retries + 1} times; it is judged again at its next change"
 
-    def _again_later(self, again: Message | None, why: str) -> str:
-        """Have `again`, the message that redoes a piece of work the bus failed, come back after a backoff."""
-        if again is not None:
+    def _again_later(self, again: list[Judgment] | None, why: str) -> str:
+        """Have the judgments that redo a piece of work the bus failed queued again after a backoff."""
+        if again:
             self.failures += 1
-            self.seat.retry(self.name, again, self.failures)
+            self.seat.retry(self.name, Wake(tuple(again)), self.failures)
         return why
-
-
-def earliest(a: float, b: float) -> float:
-    """The earlier of two change times, where 0 means none."""
-    return min(a, b) if a and b else a or b

@@ -107,6 +107,7 @@ class Cache:
         self.on_change = on_change
         self.on_resync = on_resync
         self.resyncs = 0
+        self.changes = 0  # changes applied to the view so far
         self._nc = nc
         self._js = nc.jetstream(timeout=request_timeout)
         self._link = link(nc)
@@ -502,6 +503,8 @@ class Cache:
             log.warning("%s", new.error)
         if old is None and new is None:
             return
+        # Counted once memory holds the change: a judgment that began reading at this count or later read it.
+        self.changes += 1
         listener = self.on_change
         if listener is not None:
             try:

@@ -13,28 +13,15 @@ class Message(msgspec.Struct, frozen=True, tag=True):
     """A message between actors."""
 
 
-class Changed(Message, frozen=True):
-    """Something a node's composition reads changed: compose it again (coalesced with any other pending)."""
-
-    at: float = 0.0
-    """When the change reached the cache (monotonic seconds; 0: unknown): stamped once the cache holds it, so that a
-    composition begun later is known to have read it, and to measure the time to its write."""
-    state: str = ""
-    key: str = ""
-    revision: int = 0
-    """The change that woke the node: a value of `state` at `key` put at `revision` ("", 0: unknown, or a delete)."""
-
-
 class Tick(Message, frozen=True):
-    """To an actor from itself: do all that is pending, once (coalescing)."""
+    """To an actor: take and run every judgment the dispatcher queued for it."""
 
 
-class Rejudge(Message, frozen=True):
-    """Judge these keys again from their providers' outcomes."""
+class Wake(Message, frozen=True):
+    """To an actor: queue these judgments (`(kind, subject)`, runtime/dispatch.py) to run whatever they read, as a
+    write the bus failed is retried after a backoff."""
 
-    keys: frozenset[str]
-    at: float = 0.0
-    """When the change reached the cache (monotonic seconds); 0: unknown."""
+    judgments: tuple[tuple[str, str], ...]
 
 
 class ComposeNode(Message, frozen=True):
@@ -43,14 +30,8 @@ class ComposeNode(Message, frozen=True):
     node: str
 
 
-class Look(Message, frozen=True):
-    """To the asker: publish these retiring keys' asks unless the router holds them, and read their answers."""
-
-    keys: frozenset[str]
-
-
 class Decided(Message, frozen=True):
-    """To the asker: the router decided something; read the record of every retiring key that waits for one."""
+    """To the asker: the router decided something, or its stream was created; look at every retiring key again."""
 
 
 class Resync(Message, frozen=True):

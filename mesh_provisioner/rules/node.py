@@ -87,24 +87,28 @@ def vault_node(view: View) -> str:
     return nodes[0] if nodes else ""
 
 
-def provider_plan(view: View, p: r.PlanProvision, node: str, here: dict[str, r.Plan]) -> r.Plan | None:
-    """The plan of a provision's provider: this composition's when it is on this node, else the one in `plans`."""
+def provider_plan(
+    view: View, p: r.PlanProvision, node: str, here: dict[str, r.Plan]
+) -> tuple[tuple[str, str], ...] | None:
+    """The (provision, local) pairs of a provision's provider's plan: this composition's when it is on this node,
+    else the one in `plans`."""
     if p.provider == node:
-        return here.get(p.provider_module)
-    e = view.get(PLANS, f"{p.provider}.{p.provider_module}")
-    kept = e.get(r.PlanRecord) if e is not None else None
-    return kept.plan if kept is not None else None
+        plan = here.get(p.provider_module)
+        return tuple((pp.provision, pp.local) for pp in plan.provisions) if plan is not None else None
+    return view.plan_provisions(f"{p.provider}.{p.provider_module}")
 
 
-def depends_on(consumer: r.End, p: r.PlanProvision, plan: r.Plan | None) -> tuple[str, ...]:
+def depends_on(
+    consumer: r.End, p: r.PlanProvision, plan: tuple[tuple[str, str], ...] | None
+) -> tuple[str, ...]:
     """A provision's depends-on (section 4): its credential key first, then the keys of its provider's own plan."""
     provider = r.End(module=p.provider_module, node=p.provider)
     out = []
     cred = k.credential_key(p.credential, consumer, provider, p.provision, p.local)
     if cred is not None:
         out.append(cred)
-    for pp in plan.provisions if plan is not None else ():
-        out.append(k.provision_key(p.provider, p.provider_module, pp.provision, pp.local))
+    for provision, local in plan or ():
+        out.append(k.provision_key(p.provider, p.provider_module, provision, local))
     return tuple(out)
 
 

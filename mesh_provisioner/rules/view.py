@@ -119,6 +119,14 @@ class View(Protocol):
         """The keys of a state; with node, only that node's (section 4's and 2's first token, a want's second)."""
         ...
 
+    def plan_provisions(self, key: str) -> tuple[tuple[str, str], ...] | None:
+        """The (provision, local) of each provision of the plan at a plans key, in plan order; None: no plan.
+
+        All a consumer's composition reads of its provider's plan (section 4, depends-on): a plan rewritten with
+        the same provisions changes nothing it made.
+        """
+        ...
+
     def placed_on(self, module: str) -> list[str]:
         """Every node a module is placed on, sorted."""
         ...
@@ -180,6 +188,12 @@ class View(Protocol):
         ...
 
 
+def plan_provisions_of(e: Entry | None) -> tuple[tuple[str, str], ...] | None:
+    """The (provision, local) pairs of a plans entry, in plan order; None when there is none or it does not decode."""
+    record = e.get(r.PlanRecord) if e is not None else None
+    return tuple((p.provision, p.local) for p in record.plan.provisions) if record is not None else None
+
+
 def group_of(state: str, key: str) -> str:
     """The node a key belongs to, for the by-node index: a want's second token, else the first."""
     if state == WANTS:
@@ -224,6 +238,10 @@ class MemoryView:
         if node is None:
             return list(self._states.get(state, {}))
         return list(self._by_node.get(state, {}).get(node, ()))
+
+    def plan_provisions(self, key: str) -> tuple[tuple[str, str], ...] | None:
+        """The (provision, local) pairs of the plan at a plans key; None when there is none that decodes."""
+        return plan_provisions_of(self.get(PLANS, key))
 
     def placed_on(self, module: str) -> list[str]:
         """Every node a module is placed on, sorted."""
@@ -482,6 +500,12 @@ class Overlay:
     def keys(self, state: str, node: str | None = None) -> Iterable[str]:
         """The keys of the view below."""
         return self.base.keys(state, node)
+
+    def plan_provisions(self, key: str) -> tuple[tuple[str, str], ...] | None:
+        """A plan's provisions, with this composition's writes."""
+        if self._over and (PLANS, key) in self._over:
+            return plan_provisions_of(self._over[(PLANS, key)])
+        return self.base.plan_provisions(key)
 
     def placed_on(self, module: str) -> list[str]:
         """As the view below."""

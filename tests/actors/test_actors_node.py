@@ -18,7 +18,7 @@ from seatbus import Bus, Seats, assert_fixed_point, seat_config, settle
 
 from mesh_provisioner.actors import node as node_actor
 from mesh_provisioner.messages import records as r
-from mesh_provisioner.messages.protocol import Changed, Resync
+from mesh_provisioner.messages.protocol import Resync, Wake
 from mesh_provisioner.rules.node import Result
 from mesh_provisioner.rules.view import BUILDS, MANIFESTS, MODULES, PLACEMENT, PROVISIONS, WANTS, View
 from mesh_provisioner.supervisor import Supervisor
@@ -78,7 +78,7 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> Iterator[ComposeSpy]:
 
 def test_a_node_never_composes_twice_at_once(spy: ComposeSpy, sup: Supervisor, mesh: Bus) -> None:
     gate = spy.hold("ace")
-    sup.tell("node:ace", Changed())
+    sup.tell("node:ace", Wake((("compose", "ace"),)))
     assert spy.entered["ace"].wait(HOLD)
     # Everything that can ask ace to compose, while it composes: changes on the bus, wakes, resyncs, a host's
     # ComposeNode, and its own restart (a crash is handled after the composition, as any other message).
@@ -87,7 +87,7 @@ def test_a_node_never_composes_twice_at_once(spy: ComposeSpy, sup: Supervisor, m
     mesh.put(PLACEMENT, "ace", {"node": "ace", "modules": [{"module": m} for m in ("postgres", "gitea", "keycloak",
                                                                                       "mesh-vault", "mailer")]})
     for _ in range(20):
-        sup.tell("node:ace", Changed())
+        sup.tell("node:ace", Wake((("compose", "ace"),)))
         sup.tell("node:ace", Resync())
     sup.kill("node:ace")
     assert spy.running["ace"] == 1
@@ -127,12 +127,12 @@ def test_a_slow_node_delays_no_other(spy: ComposeSpy, sup: Supervisor, mesh: Bus
 
 def test_a_hundred_changes_during_a_composition_give_one_more(spy: ComposeSpy, sup: Supervisor) -> None:
     gate = spy.hold("bee")
-    sup.tell("node:bee", Changed())
+    sup.tell("node:bee", Wake((("compose", "bee"),)))
     assert spy.entered["bee"].wait(HOLD)
     assert spy.count["bee"] - spy.finished["bee"] == 1
     started = spy.count["bee"]
     for _ in range(100):
-        sup.tell("node:bee", Changed())
+        sup.tell("node:bee", Wake((("compose", "bee"),)))
     gate.set()
     settle(sup)
     # The held one, and exactly one more for the hundred: coalesced, and none lost.
@@ -142,7 +142,7 @@ def test_a_hundred_changes_during_a_composition_give_one_more(spy: ComposeSpy, s
 
 def test_a_change_arriving_during_a_composition_is_never_lost(spy: ComposeSpy, sup: Supervisor, mesh: Bus) -> None:
     gate = spy.hold("bee")
-    sup.tell("node:bee", Changed())
+    sup.tell("node:bee", Wake((("compose", "bee"),)))
     assert spy.entered["bee"].wait(HOLD)
     # The composition under way read the view before this change: only the one it causes can write it.
     mesh.put(WANTS, "want.bee.mailer", {"fp": "ml9"})
@@ -157,12 +157,12 @@ def test_a_composition_asked_for_that_fails_loses_no_pending_change(
     spy: ComposeSpy, sup: Supervisor, mesh: Bus, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gate = spy.hold("bee")
-    sup.tell("node:bee", Changed())
+    sup.tell("node:bee", Wake((("compose", "bee"),)))
     assert spy.entered["bee"].wait(HOLD)
-    # While bee composes: a change (its tick comes after what is queued now), then a host's ComposeNode, whose
-    # composition fails (say, the bus timed out). The ask answers the error; the change must still be composed.
+    # While bee composes: a change (kept with the run under way), then a host's ComposeNode, whose composition
+    # fails (say, the bus timed out). The ask answers the error; the change must still be composed.
     mesh.put(WANTS, "want.bee.mailer", {"fp": "ml9"})
-    wait_until(lambda: sup.in_flight.total() >= 2, HOLD, what="the change told to bee")
+    wait_until(lambda: sup.view.get(WANTS, "want.bee.mailer") is not None, HOLD, what="the change in the cache")
     real, before, failed = spy.real, spy.count["bee"], []
 
     def fails_once(view: View, node: str, now: datetime) -> Result:
@@ -252,14 +252,13 @@ def test_a_wake_for_a_change_the_last_composition_had_read_composes_nothing_agai
     gate = spy.hold("ace")
     mesh.put(WANTS, "want.ace.gitea", {"fp": "gt9"})
     assert spy.entered["ace"].wait(HOLD), "ace never composed"  # and holds the one composition at once
-    bee = sup.children()["node:bee"]
     before = spy.count["bee"]
     # bee's composition for this change waits for ace's to end ...
     mesh.put(WANTS, "want.bee.mailer", {"fp": "ml9"})
     assert waiting.wait(10), "bee never waited for its turn to compose"
-    # ... and this change reaches the cache before it begins: the wake it sends is behind the composition.
+    # ... and this change reaches the cache before it begins reading: kept with the run, which reads it.
     mesh.put(WANTS, "want.bee.reports", {"fp": "rp9"})
-    wait_until(lambda: bee.actor_inbox.qsize() == 1, 10, what="the second change's wake in bee's mailbox")
+    wait_until(lambda: sup.view.get(WANTS, "want.bee.reports") is not None, 10, what="the second change cached")
     gate.set()
     settle(sup)
     assert spy.count["bee"] - before == 1, spy.count

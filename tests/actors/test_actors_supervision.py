@@ -14,7 +14,7 @@ from seatbus import Bus, Seats, assert_fixed_point, load_sample, seat_config, se
 from mesh_provisioner.actors import base
 from mesh_provisioner.actors import node as node_actor
 from mesh_provisioner.messages import records as r
-from mesh_provisioner.messages.protocol import Changed
+from mesh_provisioner.messages.protocol import Wake
 from mesh_provisioner.rules.view import HAVE, PROVISIONS, WANTS
 from mesh_provisioner.supervisor import Supervisor
 
@@ -147,7 +147,7 @@ def test_a_restart_within_the_intensity_does_not_fail(sup: Supervisor) -> None:
     old = sup.children()["node:bee"]
     sup.kill("node:bee")
     wait_until(lambda: restarted(sup, "node:bee", old), 10, what="bee restarted")
-    sup.tell("node:bee", Changed())
+    sup.tell("node:bee", Wake((("compose", "bee"),)))
     settle(sup)
     assert not sup.failed.done()
     assert all(sup.status().children.values())

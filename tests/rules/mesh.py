@@ -3,8 +3,8 @@
 `Mesh` writes what the other modules of the mesh write (placement, wants, builds, manifests, haves, resolved
 choices, providers' entries, the router's records). `settle` composes every node and judges every key again,
 applying each write as a compare-and-set, until a round writes nothing (contract section 6's fixed point).
-`wake_settle` starts from one change and does only what `woken_by` says, transitively, as the actors do: a full
-`settle` after it that still writes has found a missing wake-up.
+`wake_settle` starts from one change and does only what the recorded read sets say it wakes, transitively, as the
+dispatcher does (runtime/dispatch.py): a full `settle` after it that still writes has found a missing wake-up.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -21,6 +21,7 @@ from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Delete, Put, Write
 from mesh_provisioner.rules import keys as k
 from mesh_provisioner.rules.node import compose_node, rejudge
+from mesh_provisioner.rules.reads import NODE_STATES, Reads, Token, known_nodes, touched
 from mesh_provisioner.rules.retire import decide, retiring_keys
 from mesh_provisioner.rules.view import (
     ASK_RECORDS,
@@ -39,15 +40,83 @@ from mesh_provisioner.rules.view import (
     bound,
     group_of,
 )
-from mesh_provisioner.rules.wakes import Woken, woken_by
 
 NOW = datetime(2026, 12, 3, 5, 0, tzinfo=UTC)
 
 _revisions = itertools.count(1)
 
 Requirement = str | Mapping[str, str]
-Waker = Callable[[MemoryView, str, str, Entry | None, Entry | None], Woken]
 Offer = str | Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Woken:
+    """What one change wakes, by the read sets the judgments recorded: nodes to compose, keys to judge again,
+    retiring keys whose ask to look at."""
+
+    nodes: frozenset[str] = frozenset()
+    keys: frozenset[str] = frozenset()
+    decide: frozenset[str] = frozenset()
+
+    def __bool__(self) -> bool:
+        return bool(self.nodes or self.keys or self.decide)
+
+
+Judgment = tuple[str, str]
+
+
+def run(view: MemoryView | Reads, j: Judgment, now: datetime = NOW) -> tuple[list[Write], str, r.Composed | None]:
+    """One judgment's run (a node's composition, a key's judgment, a retiring key's look): its writes, what it said,
+    and a composition's report."""
+    kind, subject = j
+    if kind == "compose":
+        res = compose_node(view, subject, now)
+        return res.writes, "", res.composed
+    judged = rejudge(view, subject, now) if kind == "judge" else decide(view, subject, now)
+    return judged.writes, judged.said, None
+
+
+def judgments(view: MemoryView) -> list[Judgment]:
+    """Every judgment the seat keeps over a view: each node composed, each key judged, each retiring key looked at."""
+    return [
+        *(("compose", n) for n in sorted(known_nodes(view))),
+        *(("judge", key) for key in sorted(view.keys(PROVISIONS))),
+        *(("look", key) for key in retiring_keys(view)),
+    ]
+
+
+def read_sets(view: MemoryView, now: datetime = NOW) -> dict[Judgment, frozenset[Token]]:
+    """What each judgment reads over a view, as its last run recorded it (its writes left aside)."""
+    out = {}
+    for j in judgments(view):
+        reads = Reads(view)
+        run(reads, j, now)
+        out[j] = frozenset(reads.tokens)
+    return out
+
+
+def woken_by(
+    view: MemoryView, reads: Mapping[Judgment, frozenset[Token]], state: str, key: str, old: Entry | None,
+    new: Entry | None,
+) -> Woken:
+    """What a change wakes: every judgment whose read set holds a token it touched, and the judgments a new node,
+    key or retiring ask starts (as the dispatcher does)."""
+    tokens = touched(view, state, key, old, new)
+    woken = {j for j, rs in reads.items() if not rs.isdisjoint(tokens)}
+    if new is not None:
+        node = group_of(state, key)
+        if state in NODE_STATES and k.is_token(node):
+            woken.add(("compose", node))
+        if state == PROVISIONS:
+            woken.add(("judge", key))
+            p = new.get(r.Provision)
+            if p is not None and p.state == r.RETIRING and p.ask and p.warrant is None:
+                woken.add(("look", key))
+    return Woken(
+        frozenset(s for kind, s in woken if kind == "compose"),
+        frozenset(s for kind, s in woken if kind == "judge"),
+        frozenset(s for kind, s in woken if kind == "look"),
+    )
 
 
 def union(*woken: Woken) -> Woken:
@@ -98,9 +167,10 @@ class Mesh:
 
     def put(self, state: str, key: str, value: Any) -> Woken:
         """Set a key (bytes as they are, else encoded); answers what the change wakes."""
+        reads = read_sets(self.view)
         old = self.view.get(state, key)
         new = self.view.put(state, key, as_bytes(value), next_revision())
-        return woken_by(self.view, state, key, old, new)
+        return woken_by(self.view, reads, state, key, old, new)
 
     def raw(self, state: str, key: str, value: bytes) -> Woken:
         """Set a key to exactly these bytes."""
@@ -108,17 +178,19 @@ class Mesh:
 
     def delete(self, state: str, key: str) -> Woken:
         """Delete a key; answers what it wakes."""
+        reads = read_sets(self.view)
         old = self.view.delete(state, key)
-        return woken_by(self.view, state, key, old, None)
+        return woken_by(self.view, reads, state, key, old, None)
 
     def another_writer(self, state: str, key: str, value: Any | None) -> Woken:
         """Another writer than the seat sets a key of the seat's own states (None: deletes it); answers what it
         wakes."""
+        reads = read_sets(self.view)
         if value is None:
             old, new = self.view.delete(state, key), None
         else:
             old, new = self.view.get(state, key), self.view.put(state, key, as_bytes(value), next_revision())
-        return woken_by(self.view, state, key, old, new, another_writer=True)
+        return woken_by(self.view, reads, state, key, old, new)
 
     # ---- what the other modules write -------------------------------------------------------------------
 
@@ -345,43 +417,37 @@ def settle(view: MemoryView, now: datetime = NOW, max_rounds: int = 20) -> Settl
     raise AssertionError(f"not settled in {max_rounds} rounds; the last wrote {[(w.state, w.key) for w in writes]}")
 
 
-def wake_settle(
-    view: MemoryView, woken: Woken, now: datetime = NOW, max_steps: int = 2000, waker: Waker = woken_by
-) -> Settled:
-    """From what one change woke, do only what `waker` says, following each write's wakes, until none is left."""
+def wake_settle(view: MemoryView, woken: Woken, now: datetime = NOW, max_steps: int = 2000) -> Settled:
+    """From what one change woke, run only what the read sets wake, following each write's wakes, until none is left.
+
+    Every judgment's read set is recorded first, as the seat's last runs left them; each run records its own again.
+    """
     out = Settled()
-    nodes: deque[str] = deque(sorted(woken.nodes))
-    keys: deque[str] = deque(sorted(woken.keys))
-    answers: deque[str] = deque(sorted(woken.decide))
+    reads = read_sets(view, now)
+    queue: deque[Judgment] = deque(
+        [*(("compose", n) for n in sorted(woken.nodes)), *(("judge", x) for x in sorted(woken.keys)),
+         *(("look", x) for x in sorted(woken.decide))]
+    )
     steps = 0
-
-    def wake(writes: list[Write]) -> None:
-        for w in writes:
-            old, new = apply(view, w)
-            more = waker(view, w.state, w.key, old, new)
-            nodes.extend(n for n in sorted(more.nodes) if n not in nodes)
-            keys.extend(x for x in sorted(more.keys) if x not in keys)
-            answers.extend(x for x in sorted(more.decide) if x not in answers)
-        out.rounds.append(writes)
-
-    while nodes or keys or answers:
+    while queue:
         steps += 1
         assert steps <= max_steps, "the wakes do not settle"
-        if nodes:
-            res = compose_node(view, nodes.popleft(), now)
-            if res.composed:
-                out.composed.append(res.composed)
-            wake(res.writes)
-        elif keys:
-            judged = rejudge(view, keys.popleft(), now)
-            if judged.said:
-                out.said.append(judged.said)
-            wake(judged.writes)
-        else:
-            decided = decide(view, answers.popleft(), now)
-            if decided.said:
-                out.said.append(decided.said)
-            wake(decided.writes)
+        j = queue.popleft()
+        recording = Reads(view)
+        writes, said, composed = run(recording, j, now)
+        reads[j] = frozenset(recording.tokens)
+        if composed:
+            out.composed.append(composed)
+        if said:
+            out.said.append(said)
+        for w in writes:
+            old, new = apply(view, w)
+            more = woken_by(view, reads, w.state, w.key, old, new)
+            for nxt in [*(("compose", n) for n in sorted(more.nodes)), *(("judge", x) for x in sorted(more.keys)),
+                        *(("look", x) for x in sorted(more.decide))]:
+                if nxt != j and nxt not in queue:
+                    queue.append(nxt)
+        out.rounds.append(writes)
     return out
 
 

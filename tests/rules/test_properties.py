@@ -20,6 +20,7 @@ from mesh import (
     PLANS_READ,
     Mesh,
     Settled,
+    Woken,
     nodes_of,
     one_round,
     settle,
@@ -28,6 +29,7 @@ from mesh import (
 
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules.node import compose_node, rejudge
+from mesh_provisioner.rules.reads import touched
 from mesh_provisioner.rules.retire import ask_of, decide, retiring_ask
 from mesh_provisioner.rules.view import (
     ASK_RECORDS,
@@ -44,7 +46,6 @@ from mesh_provisioner.rules.view import (
     WANTS,
     bound,
 )
-from mesh_provisioner.rules.wakes import Woken, woken_by
 
 NODES = ("ace", "bee", "cat", "dog", "eel", "fox")
 # Four kinds BoundReads names, four it does not; mesh-vault makes credentials.
@@ -361,7 +362,7 @@ def test_property_bad_input_never_raises(data: st.DataObject) -> None:
             m.raw(ASK_RECORDS, ask, data.draw(any_bytes, label="record"))
         old = m.view.get(state, key)
         new = m.view.put(state, key, value, 10**9 + len(changes))
-        woken_by(m.view, state, key, old, new)
+        touched(m.view, state, key, old, new)
         changes.append((state, key))
     nodes = {*nodes_of(m.view), *(key.split(".")[0] for _, key in changes), "", "a b"}
     for node in sorted(nodes):
@@ -371,9 +372,9 @@ def test_property_bad_input_never_raises(data: st.DataObject) -> None:
         decide(m.view, key, LATER)
     for state, key in changes:
         entry = m.view.get(state, key)
-        woken_by(m.view, state, key, entry, None)
+        touched(m.view, state, key, entry, None)
         m.view.delete(state, key)
-        woken_by(m.view, state, key, None, entry)
+        touched(m.view, state, key, None, entry)
     # And the seat still settles over it.
     for state, key in changes:
         m.view.put(state, key, data.draw(any_bytes, label="again"), 2 * 10**9)

@@ -1,0 +1,240 @@
+"""The dispatcher: turns each change of the bus into the judgments whose last reads it touched, and queues them.
+
+A judgment is `(kind, subject)`: a node's composition, a key's judgment or a retiring key's look at its ask. The
+dispatcher keeps each one's read set from its last run (rules/reads.py) and an index from each token to the
+judgments that read it; a change wakes exactly those (contract section 6's rule, by construction).
+
+It is also the one work queue of the seat, as controller-runtime's workqueue is of a controller: one entry per
+judgment, coalesced (ten wakes while it waits give one run), never two workers on one judgment, and no wake lost: a
+change that lands while a judgment runs is kept with the run, and if the run read what it touched, the judgment is
+queued again when the run ends. Each queued judgment waits at one actor (its node's, its provider's, the asker),
+which `take`s all of its own at its next tick.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Final
+
+from mesh_provisioner.rules.reads import Reads, Token
+
+COMPOSE: Final = "compose"
+JUDGE: Final = "judge"
+LOOK: Final = "look"
+
+Judgment = tuple[str, str]
+"""`(kind, subject)`: `("compose", node)`, `("judge", key)`, `("look", key)`."""
+
+
+class _Run:
+    """A judgment running at an actor: what changed meanwhile, and whether it was asked for again."""
+
+    __slots__ = ("actor", "again", "during", "since")
+
+    def __init__(self, actor: str, since: float) -> None:
+        self.actor = actor
+        self.since = since
+        self.during: list[tuple[int, set[Token]]] = []  # each change while it ran: its count, what it touched
+        self.again = False
+
+    def missed(self, reads: Reads) -> bool:
+        """Whether a change counted after the run began reading touched what it read."""
+        return any(at > reads.began and not tokens.isdisjoint(reads.tokens) for at, tokens in self.during)
+
+
+class Dispatcher:
+    """Read sets, the index of who read what, and the queue of judgments each actor has to run."""
+
+    def __init__(self, kick: Callable[[str], bool]) -> None:
+        """`kick(actor)` tells an actor to take its queue (a `Tick`); False when the actor cannot hear it now (it
+        is down, waiting for its restart): `kick` is then called again by `restarted`."""
+        self._kick = kick
+        self._lock = threading.Lock()
+        self._reads: dict[Judgment, frozenset[Token]] = {}
+        self._began: dict[Judgment, int] = {}  # the change count each judgment's last run began reading at
+        self._readers: dict[Token, set[Judgment]] = {}
+        self._queued: dict[Judgment, str] = {}
+        self._pending: dict[str, dict[Judgment, float]] = {}  # by actor, in the order queued, each its first wake
+        self._running: dict[Judgment, _Run] = {}
+        self._ticked: set[str] = set()
+        self._writing: dict[tuple[str, str], list[Judgment]] = {}
+        self.runs = 0
+
+    # ---- waking ---------------------------------------------------------------------------------------------
+
+    def changed(
+        self, tokens: set[Token], route: Callable[[Judgment], str], at: float = 0.0,
+        writers: Iterable[Judgment] = (), count: int = 0,
+    ) -> None:
+        """A change (the view's `count`th) touched `tokens`: queue every judgment that read one (at the actor `route`
+        names), and note it with every run under way. The judgments that wrote the change (`writers`) are not woken
+        by it: their run already holds what they wrote (contract 6's fixed point: a judgment run again over its own
+        writes writes nothing)."""
+        mine = set(writers)
+        kicks: list[str] = []
+        with self._lock:
+            for j, run in self._running.items():
+                if j not in mine:
+                    run.during.append((count, tokens))
+            woken: set[Judgment] = set()
+            for t in tokens:
+                readers = self._readers.get(t)
+                if readers:
+                    woken |= readers
+            for j in woken - mine:
+                # A run that began reading after this change was counted has read it already.
+                if j not in self._running and not (count and self._began.get(j, 0) >= count):
+                    self._queue(j, route(j), at, kicks)
+        self._kick_all(kicks)
+
+    def add(self, judgments: Iterable[Judgment], actor: str | Callable[[Judgment], str], at: float = 0.0) -> None:
+        """Queue judgments to run whatever they read (a start, a restart, a new node or key); one running now runs
+        again when it ends."""
+        route = actor if callable(actor) else None
+        kicks: list[str] = []
+        with self._lock:
+            for j in judgments:
+                run = self._running.get(j)
+                if run is not None:
+                    run.again = True
+                else:
+                    self._queue(j, route(j) if route is not None else str(actor), at, kicks)
+        self._kick_all(kicks)
+
+    def knows(self, j: Judgment) -> bool:
+        """Whether a judgment has run, runs or waits to."""
+        return j in self._reads or j in self._queued or j in self._running
+
+    def _queue(self, j: Judgment, actor: str, at: float, kicks: list[str]) -> None:
+        """Queue a judgment at an actor, unless it waits already (then it keeps its place and its earliest wake)."""
+        if j in self._queued:
+            pending = self._pending[self._queued[j]]
+            first = pending[j]
+            if at and (not first or at < first):
+                pending[j] = at
+            return
+        self._queued[j] = actor
+        self._pending.setdefault(actor, {})[j] = at
+        if actor not in self._ticked:
+            self._ticked.add(actor)
+            kicks.append(actor)
+
+    def _kick_all(self, actors: list[str]) -> None:
+        for actor in actors:
+            if not self._kick(actor):
+                with self._lock:
+                    self._ticked.discard(actor)
+
+    # ---- running --------------------------------------------------------------------------------------------
+
+    def take(self, actor: str) -> list[tuple[Judgment, float]]:
+        """Everything queued at an actor, now running there, each with its first wake's time (0: unknown)."""
+        with self._lock:
+            self._ticked.discard(actor)
+            pending = self._pending.pop(actor, {})
+            for j, since in pending.items():
+                del self._queued[j]
+                self._running[j] = _Run(actor, since)
+            return list(pending.items())
+
+    def claim(self, j: Judgment, actor: str) -> None:
+        """Run a judgment now at an actor, out of turn (a host's `ComposeNode`); it leaves the queue if it waited."""
+        with self._lock:
+            since = 0.0
+            queued_at = self._queued.pop(j, None)
+            if queued_at is not None:
+                since = self._pending[queued_at].pop(j)
+            self._running[j] = _Run(actor, since)
+
+    def done(self, j: Judgment, reads: Reads | None) -> None:
+        """A run ended with what it read; None: it failed, and is queued again (its last read set stays).
+
+        Queued again at once too when something it read changed after it began reading, or it was asked for again.
+        """
+        kicks: list[str] = []
+        with self._lock:
+            run = self._running.pop(j, None)
+            if reads is not None:
+                self._index(j, reads.tokens)
+                self._began[j] = reads.began
+            if run is None:
+                return
+            if reads is None or run.again or run.missed(reads):
+                self._queue(j, run.actor, run.since, kicks)
+        self.runs += 1
+        self._kick_all(kicks)
+
+    def release(self, actor: str) -> None:
+        """An actor died: what it was running waits for it again, and its successor hears of it at its start."""
+        with self._lock:
+            self._ticked.discard(actor)
+            lost = [(j, run) for j, run in self._running.items() if run.actor == actor]
+            for j, run in lost:
+                del self._running[j]
+                self._queued[j] = actor
+                self._pending.setdefault(actor, {})[j] = run.since
+
+    def restarted(self, actor: str) -> None:
+        """An actor (re)started: it hears of what waits for it."""
+        kicks: list[str] = []
+        with self._lock:
+            if self._pending.get(actor) and actor not in self._ticked:
+                self._ticked.add(actor)
+                kicks.append(actor)
+        self._kick_all(kicks)
+
+    def _index(self, j: Judgment, reads: Iterable[Token]) -> None:
+        new = frozenset(reads)
+        old = self._reads.get(j)
+        if old == new:
+            return
+        self._reads[j] = new
+        for t in old - new if old is not None else ():
+            readers = self._readers.get(t)
+            if readers is not None:
+                readers.discard(j)
+                if not readers:
+                    del self._readers[t]
+        for t in new - old if old is not None else new:
+            self._readers.setdefault(t, set()).add(j)
+
+    # ---- the seat's own writes ------------------------------------------------------------------------------
+
+    def writing(self, writers: Mapping[tuple[str, str], Judgment]) -> None:
+        """Writes about to be made, each `(state, key)` by the judgment that made it, until `written`."""
+        with self._lock:
+            for sk, j in writers.items():
+                self._writing.setdefault(sk, []).append(j)
+
+    def written(self, writers: Mapping[tuple[str, str], Judgment]) -> None:
+        """Writes made or given up."""
+        with self._lock:
+            for sk, j in writers.items():
+                js = self._writing.get(sk)
+                if js is not None:
+                    js.remove(j)
+                    if not js:
+                        del self._writing[sk]
+
+    def writers(self, state: str, key: str) -> list[Judgment]:
+        """The judgments writing a key now."""
+        with self._lock:
+            return list(self._writing.get((state, key), ()))
+
+    # ---- what waits -----------------------------------------------------------------------------------------
+
+    def idle(self) -> bool:
+        """Whether no judgment waits or runs."""
+        with self._lock:
+            return not self._queued and not self._running
+
+    def waiting(self) -> int:
+        """How many judgments wait or run."""
+        with self._lock:
+            return len(self._queued) + len(self._running)
+
+    def read_sets(self) -> dict[Judgment, frozenset[Token]]:
+        """Each judgment's last read set (a copy), for tests and status."""
+        with self._lock:
+            return dict(self._reads)
