@@ -28,19 +28,15 @@ Judgment = tuple[str, str]
 
 
 class _Run:
-    """A judgment running at an actor: what changed meanwhile, and whether it was asked for again."""
+    """A judgment running at an actor, and whether it was asked for again meanwhile."""
 
-    __slots__ = ("actor", "again", "during", "since")
+    __slots__ = ("actor", "again", "since", "taken")
 
-    def __init__(self, actor: str, since: float) -> None:
+    def __init__(self, actor: str, since: float, taken: int) -> None:
         self.actor = actor
         self.since = since
-        self.during: list[tuple[int, set[Token]]] = []  # each change while it ran: its count, what it touched
+        self.taken = taken  # the change count when it was taken: it began reading at this count or later
         self.again = False
-
-    def missed(self, reads: Reads) -> bool:
-        """Whether a change counted after the run began reading touched what it read."""
-        return any(at > reads.began and not tokens.isdisjoint(reads.tokens) for at, tokens in self.during)
 
 
 class Dispatcher:
@@ -59,6 +55,12 @@ class Dispatcher:
         self._running: dict[Judgment, _Run] = {}
         self._ticked: set[str] = set()
         self._writing: dict[tuple[str, str], list[Judgment]] = {}
+        # The count of the last change that touched each token and the judgments that wrote it, while a run may not
+        # have read it: a run that ends finds there whether anything it read changed after it began reading, in one
+        # lookup a token. A change is a judgment's own only when every change kept for the token was.
+        self._last: dict[Token, tuple[int, frozenset[Judgment]]] = {}
+        self._count = 0
+        self._pruned_at = 0
         self.runs = 0
 
     # ---- waking ---------------------------------------------------------------------------------------------
@@ -74,9 +76,12 @@ class Dispatcher:
         mine = set(writers)
         kicks: list[str] = []
         with self._lock:
-            for j, run in self._running.items():
-                if j not in mine:
-                    run.during.append((count, tokens))
+            self._count = max(self._count, count)
+            if self._running:
+                for t in tokens:
+                    kept = self._last.get(t)
+                    self._last[t] = (count, frozenset(mine) if kept is None else kept[1] & mine)
+                self._prune(count)
             woken: set[Judgment] = set()
             for t in tokens:
                 readers = self._readers.get(t)
@@ -135,7 +140,7 @@ class Dispatcher:
             pending = self._pending.pop(actor, {})
             for j, since in pending.items():
                 del self._queued[j]
-                self._running[j] = _Run(actor, since)
+                self._running[j] = _Run(actor, since, self._count)
             return list(pending.items())
 
     def claim(self, j: Judgment, actor: str) -> None:
@@ -145,7 +150,7 @@ class Dispatcher:
             queued_at = self._queued.pop(j, None)
             if queued_at is not None:
                 since = self._pending[queued_at].pop(j)
-            self._running[j] = _Run(actor, since)
+            self._running[j] = _Run(actor, since, self._count)
 
     def done(self, j: Judgment, reads: Reads | None) -> None:
         """A run ended with what it read; None: it failed, and is queued again (its last read set stays).
@@ -160,10 +165,30 @@ class Dispatcher:
                 self._began[j] = reads.began
             if run is None:
                 return
-            if reads is None or run.again or run.missed(reads):
+            if reads is None or run.again or self._missed(j, reads):
                 self._queue(j, run.actor, run.since, kicks)
         self.runs += 1
         self._kick_all(kicks)
+
+    def _prune(self, count: int) -> None:
+        """Forget the changes no run under way can have missed: those counted before the oldest began reading."""
+        if count - self._pruned_at < 10_000:
+            return
+        self._pruned_at = count
+        if not self._running:
+            self._last.clear()
+            return
+        oldest = min(run.taken for run in self._running.values())
+        for t in [t for t, (c, _) in self._last.items() if c <= oldest]:
+            del self._last[t]
+
+    def _missed(self, j: Judgment, reads: Reads) -> bool:
+        """Whether another's change counted after a run began reading touched what it read."""
+        for t in reads.tokens:
+            kept = self._last.get(t)
+            if kept is not None and kept[0] > reads.began and j not in kept[1]:
+                return True
+        return False
 
     def release(self, actor: str) -> None:
         """An actor died: what it was running waits for it again, and its successor hears of it at its start."""
