@@ -30,6 +30,7 @@ from mesh_provisioner.actors.asker import AskerActor
 from mesh_provisioner.actors.base import InFlight
 from mesh_provisioner.actors.bound import BoundActor
 from mesh_provisioner.actors.node import NodeActor
+from mesh_provisioner.actors.turns import Turns
 from mesh_provisioner.bus.asks import Asks
 from mesh_provisioner.bus.cache import Cache
 from mesh_provisioner.bus.connection import (
@@ -59,6 +60,7 @@ from mesh_provisioner.messages.protocol import (
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.metrics import Metrics
 from mesh_provisioner.rules.keys import is_token
+from mesh_provisioner.rules.order import providers_first
 from mesh_provisioner.rules.reads import NODE_STATES, Reads, known_nodes, touched
 from mesh_provisioner.rules.retire import retire_needs
 from mesh_provisioner.rules.signature import make_verify
@@ -114,7 +116,8 @@ class Supervisor:
         # Changes are routed only once the children run: each resyncs at start with what was loaded before.
         self._routing = False
         self.failed: Future[str] = Future()
-        self._parallel = threading.BoundedSemaphore(config.max_parallel) if config.max_parallel > 0 else None
+        self._turns = Turns(config.max_parallel) if config.max_parallel > 0 else None
+        self._priority: dict[str, int] = {}  # each node's place in the order of composing (rules/order.py)
         self._clock: Callable[[], datetime] = lambda: datetime.now(UTC)
         # It answers only its router: a warrant is taken only with its valid signature.
         self._verify = make_verify(config.router_key) if config.router_key else None
@@ -184,7 +187,9 @@ class Supervisor:
                 partial(BoundActor.start, provider, self, self.in_flight, retries=self.config.conflict_retries),
                 resync=False,
             )
-        for node in sorted(known_nodes(self.view)):
+        order = providers_first(self.view, known_nodes(self.view))
+        self._priority = {node: i for i, node in enumerate(order)}
+        for node in order:
             started.append(self._node(node, resync=False))
         self._routing = True
         for name in started:
@@ -204,7 +209,8 @@ class Supervisor:
                 self._spec(
                     name,
                     lambda: NodeActor.start(
-                        node, self, self.in_flight, retries=self.config.conflict_retries, parallel=self._parallel
+                        node, self, self.in_flight, retries=self.config.conflict_retries, turns=self._turns,
+                        priority=self._priority.get(node, len(self._priority)),
                     ),
                     resync=resync,
                 )

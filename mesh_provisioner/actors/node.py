@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from collections.abc import Mapping
 from typing import Any
 
 from mesh_provisioner.actors.base import InFlight, Seat, SeatActor
+from mesh_provisioner.actors.turns import Turns
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import ComposeNode
 from mesh_provisioner.messages.writes import Write
@@ -34,11 +34,13 @@ class NodeActor(SeatActor):
         in_flight: InFlight,
         *,
         retries: int = 8,
-        parallel: threading.Semaphore | None = None,
+        turns: Turns | None = None,
+        priority: int = 0,
     ) -> None:
         super().__init__(f"node:{node}", seat, in_flight, retries)
         self.node = node
-        self.parallel = parallel
+        self.turns = turns
+        self.priority = priority  # its place in the order nodes compose in when all wait (rules/order.py)
         self.compositions = 0
 
     def handle(self, message: Any) -> Any:
@@ -71,7 +73,10 @@ class NodeActor(SeatActor):
             return done.writes, {(w.state, w.key): j for w in done.writes}
 
         try:
-            with self.parallel if self.parallel is not None else contextlib.nullcontext():
+            # A node composed again waits behind every node not composed yet: what woke it (a consumer's key
+            # depending on it, say) may wake it again as those compose, and one composition then does for all.
+            turn = (self.compositions, self.priority)
+            with self.turns.turn(turn) if self.turns is not None else contextlib.nullcontext():
                 why = self.write(judge, since, [j])
         except BaseException:
             self.seat.dispatcher.done(j, None)  # failed: queued again, its change not lost

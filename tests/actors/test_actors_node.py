@@ -232,30 +232,17 @@ def test_a_change_of_the_nodes_key_by_another_writer_still_wakes_it(
 def test_a_wake_for_a_change_the_last_composition_had_read_composes_nothing_again(
     spy: ComposeSpy, mesh: Bus, seats: Seats, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    waiting = threading.Event()
-
-    class Slot(threading.BoundedSemaphore):
-        """The seat's bound on compositions at once, saying when a composition waits for its turn."""
-
-        def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-            if super().acquire(blocking=False):
-                return True
-            waiting.set()
-            return super().acquire(blocking, timeout)
-
-        __enter__ = acquire
-
-    monkeypatch.setattr(threading, "BoundedSemaphore", Slot)
     sup = seats.start(seat_config(mesh.url, max_parallel=1))
     settle(sup)
-    waiting.clear()  # the nodes' first compositions took turns
+    turns = sup._turns
+    assert turns is not None
     gate = spy.hold("ace")
     mesh.put(WANTS, "want.ace.gitea", {"fp": "gt9"})
     assert spy.entered["ace"].wait(HOLD), "ace never composed"  # and holds the one composition at once
     before = spy.count["bee"]
     # bee's composition for this change waits for ace's to end ...
     mesh.put(WANTS, "want.bee.mailer", {"fp": "ml9"})
-    assert waiting.wait(10), "bee never waited for its turn to compose"
+    wait_until(lambda: turns.waiting() == 1, 10, what="bee waiting for its turn to compose")
     # ... and this change reaches the cache before it begins reading: kept with the run, which reads it.
     mesh.put(WANTS, "want.bee.reports", {"fp": "rp9"})
     wait_until(lambda: sup.view.get(WANTS, "want.bee.reports") is not None, 10, what="the second change cached")

@@ -1,0 +1,137 @@
+"""The dispatcher (runtime/dispatch.py): wakes by read sets, one entry per judgment, no change lost, no self-wake.
+
+It is the seat's one work queue; these tests drive it as the actors and the cache do, with a recorder for the ticks
+it sends, and the rules' own recording view over a MemoryView.
+"""
+
+from __future__ import annotations
+
+from mesh_provisioner.rules.reads import Reads, token
+from mesh_provisioner.rules.view import MemoryView
+from mesh_provisioner.runtime.dispatch import COMPOSE, JUDGE, Dispatcher
+
+ACE = (COMPOSE, "ace")
+KEY = (JUDGE, "ace.app.db")
+A = token("get", "s", "a")
+B = token("get", "s", "b")
+
+
+class Ticks:
+    """The actors as the dispatcher sees them: each tick told, and whether an actor can hear one now."""
+
+    def __init__(self) -> None:
+        self.told: list[str] = []
+        self.deaf: set[str] = set()
+
+    def __call__(self, actor: str) -> bool:
+        if actor in self.deaf:
+            return False
+        self.told.append(actor)
+        return True
+
+
+def ran(d: Dispatcher, actor: str, reads: set[tuple[str, ...]], began: int = 0) -> list[tuple[str, str]]:
+    """Take an actor's queue and end each run with the given reads."""
+    taken = [j for j, _ in d.take(actor)]
+    for j in taken:
+        r = Reads(MemoryView(), began)
+        r.tokens |= reads
+        d.done(j, r)
+    return taken
+
+
+def route(j: tuple[str, str]) -> str:
+    return "node:ace"
+
+
+def test_a_change_wakes_exactly_the_judgments_that_read_it() -> None:
+    ticks = Ticks()
+    d = Dispatcher(ticks)
+    d.add([ACE, KEY], "node:ace")
+    d.take("node:ace")
+    for j, reads in ((ACE, {A}), (KEY, {B})):
+        r = Reads(MemoryView())
+        r.tokens |= reads
+        d.done(j, r)
+    assert d.idle()
+    d.changed({B}, route, count=1)
+    assert [j for j, _ in d.take("node:ace")] == [KEY]
+
+
+def test_ten_wakes_while_queued_give_one_run() -> None:
+    ticks = Ticks()
+    d = Dispatcher(ticks)
+    d.add([ACE], "node:ace")
+    ran(d, "node:ace", {A})
+    ticks.told.clear()
+    for count in range(1, 11):
+        d.changed({A}, route, count=count)
+    assert ticks.told == ["node:ace"], "one tick for ten wakes"
+    assert ran(d, "node:ace", {A}, began=10) == [ACE]
+    assert d.idle()
+
+
+def test_a_change_during_a_run_that_read_it_runs_it_again() -> None:
+    d = Dispatcher(Ticks())
+    d.add([ACE], "node:ace")
+    ran(d, "node:ace", {A})
+    d.changed({A}, route, count=1)
+    (taken,) = d.take("node:ace")
+    assert taken[0] == ACE
+    d.changed({A}, route, count=2)  # lands while it runs, after it began reading at 1
+    r = Reads(MemoryView(), 1)
+    r.tokens.add(A)
+    d.done(ACE, r)
+    assert not d.idle(), "the change the run may have missed is not lost"
+    assert [j for j, _ in d.take("node:ace")] == [ACE]
+
+
+def test_a_change_counted_before_a_run_began_reading_is_in_what_it_read() -> None:
+    d = Dispatcher(Ticks())
+    d.add([ACE], "node:ace")
+    d.take("node:ace")
+    d.changed({A}, route, count=1)
+    r = Reads(MemoryView(), 1)  # began reading once the cache held change 1
+    r.tokens.add(A)
+    d.done(ACE, r)
+    assert d.idle()
+
+
+def test_a_judgments_own_write_does_not_wake_it() -> None:
+    d = Dispatcher(Ticks())
+    d.add([ACE, KEY], "node:ace")
+    ran(d, "node:ace", {A})
+    d.changed({A}, route, writers=[ACE], count=1)
+    assert [j for j, _ in d.take("node:ace")] == [KEY], "the key read it; the composition wrote it"
+
+
+def test_a_failed_run_is_queued_again() -> None:
+    d = Dispatcher(Ticks())
+    d.add([ACE], "node:ace")
+    d.take("node:ace")
+    d.done(ACE, None)
+    assert [j for j, _ in d.take("node:ace")] == [ACE]
+
+
+def test_an_actor_that_dies_gets_what_it_ran_back_at_its_restart() -> None:
+    ticks = Ticks()
+    d = Dispatcher(ticks)
+    d.add([ACE], "node:ace")
+    d.take("node:ace")
+    ticks.deaf.add("node:ace")
+    d.release("node:ace")
+    ticks.deaf.clear()
+    ticks.told.clear()
+    d.restarted("node:ace")
+    assert ticks.told == ["node:ace"]
+    assert [j for j, _ in d.take("node:ace")] == [ACE]
+
+
+def test_never_two_workers_on_one_judgment() -> None:
+    d = Dispatcher(Ticks())
+    d.add([KEY], "bound:postgres")
+    d.take("bound:postgres")
+    d.add([KEY], "node:ace")  # asked for elsewhere while it runs: it runs again where it ran, after
+    assert d.take("node:ace") == []
+    d.done(KEY, Reads(MemoryView()))
+    assert [j for j, _ in d.take("bound:postgres")] == [KEY]
