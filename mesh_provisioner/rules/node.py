@@ -18,7 +18,7 @@ from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.rules import keys as k
 from mesh_provisioner.rules.compose import CannotCompose, Memo, compose
 from mesh_provisioner.rules.judge import outcome
-from mesh_provisioner.rules.retire import raise_ask, retired
+from mesh_provisioner.rules.retire import raise_ask, retired, retiring_why
 from mesh_provisioner.rules.view import HAVE, PLANS, PROVISIONS, REFUSED, WANTS, Entry, View
 from mesh_provisioner.rules.writing import Writes, provision_of, same, utc
 
@@ -282,10 +282,7 @@ def _judge_node(
             nxt = msgspec.structs.replace(
                 have,
                 state=r.RETIRING,
-                why=(
-                    f"no build wanted or placed on {node} requires {have.provision} of {have.provider.module} "
-                    f"on {have.provider.node} any more"
-                ),
+                why=retiring_why(node, have),
                 ask="",
                 warrant=None,
             )
