@@ -15,7 +15,7 @@ from typing import Final, NamedTuple
 
 import msgspec
 
-from mesh_provisioner.bus.connection import closed_for_good, connect_options
+from mesh_provisioner.bus.connection import connect_options
 from mesh_provisioner.bus.embedded import EmbeddedServer
 from mesh_provisioner.bus.loader import load_states, router_stream
 from mesh_provisioner.bus.loop import EventLoopThread
@@ -129,22 +129,40 @@ def configure_logging(level: str, form: str) -> None:
 
 
 def reconcile(config: Config, timeout: float) -> int:
-    """Take the seat's lease, let every node compose and every key be judged, print what changed, give it back."""
+    """Take the seat's lease, let every node compose and every key be judged, print what changed, give it back.
+
+    The lease is held as `serve` holds it (`Seat.hold`: renewed all along); a reconcile that loses it says so and
+    exits 2 at once.
+    """
     started = time.monotonic()
-    seat = Seat(config)
+    settled = threading.Event()
+    outcome: list[tuple[bool, dict[str, int]]] = []
+
+    def wait_settled(sup: Supervisor | None) -> None:
+        if sup is None:
+            return
+
+        def wait() -> None:
+            try:
+                outcome.append((sup.wait_settled(max(timeout - (time.monotonic() - started), 0.1)), sup.store.counts()))
+            finally:
+                settled.set()
+
+        threading.Thread(target=wait, name="mesh-provisioner-reconcile", daemon=True).start()
+
+    seat = Seat(config, on_hold=wait_settled)
     try:
         if not seat.take(threading.Event(), timeout):
-            log.error("%s; nothing is reconciled", closed_for_good(seat.nc) or "another process holds the seat's lease")
+            log.error("%s; nothing is reconciled", seat.closed() or "another process holds the seat's lease")
             return 2
-        sup = Supervisor.start(config, nc=seat.nc, loop=seat.loop.loop, guard=seat.lease.guard)
-        try:
-            if not sup.wait_settled(timeout):
-                log.error("the seat did not settle within %g s", timeout)
-                return 2
-            counts = sup.store.counts()
-        finally:
-            sup.stop()
-        print(f"settled in {time.monotonic() - started:.2f} s: {summary(counts)}")  # noqa: T201
+        why, _ = seat.hold(settled)
+        if why:
+            log.error("%s; the reconcile stops, unfinished", why)
+            return 2
+        if not outcome or not outcome[0][0]:
+            log.error("the seat did not settle within %g s", timeout)
+            return 2
+        print(f"settled in {time.monotonic() - started:.2f} s: {summary(outcome[0][1])}")  # noqa: T201
         return 0
     finally:
         seat.close()

@@ -373,6 +373,6 @@ def connect_options(config: Config) -> dict[str, Any]:
     return options
 
 
-async def connect_config(config: Config) -> Client:
-    """A connection to the servers of a config, with its credentials."""
-    return await connect(config.servers(), **connect_options(config))
+async def connect_config(config: Config, *, name: str = "mesh-provisioner") -> Client:
+    """A connection to the servers of a config, with its credentials, under a client name."""
+    return await connect(config.servers(), name=name, **connect_options(config))
