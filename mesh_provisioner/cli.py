@@ -23,10 +23,9 @@ from mesh_provisioner.bus.snapshot import snapshot_of
 from mesh_provisioner.config import Config
 from mesh_provisioner.messages.writes import Put
 from mesh_provisioner.rules.settle import settle
-from mesh_provisioner.rules.view import OWN
 from mesh_provisioner.samples import sample_mesh
 from mesh_provisioner.seat import Seat
-from mesh_provisioner.show import GRAPH, SHOWN, check, render, tables
+from mesh_provisioner.show import GRAPH, READS, SHOWN, check, render, tables
 from mesh_provisioner.supervisor import Supervisor
 
 log = logging.getLogger("mesh_provisioner.cli")
@@ -231,7 +230,7 @@ def show(config: Config, args: argparse.Namespace) -> int:
     # One try at each server: a reader that cannot reach the bus says so rather than waiting for ever.
     options = {**connect_options(config), "max_reconnect_attempts": 1}
     with EventLoopThread() as loop:
-        view = loop.run(snapshot_of(config.servers(), options, bound_reads=config.bound_reads, states=OWN,
+        view = loop.run(snapshot_of(config.servers(), options, bound_reads=config.bound_reads, states=READS,
                                     timeout=args.timeout), args.timeout + 5)
     print(render(view, args.what, args.node, args.module, args.state, args.json))  # noqa: T201
     return 0

@@ -63,7 +63,7 @@ from mesh_provisioner.metrics import Metrics
 from mesh_provisioner.rules.keys import is_token
 from mesh_provisioner.rules.retire import retire_needs
 from mesh_provisioner.rules.signature import make_verify
-from mesh_provisioner.rules.view import Entry, MemoryView
+from mesh_provisioner.rules.view import PLACEMENT, Entry, MemoryView, not_a_node, not_nodes
 from mesh_provisioner.rules.wakes import known_nodes, woken_by
 
 log = logging.getLogger("mesh_provisioner.supervisor")
@@ -119,6 +119,7 @@ class Supervisor:
         # It answers only its router: a warrant is taken only with its valid signature.
         self._verify = make_verify(config.router_key) if config.router_key else None
         self._subs: list[Subscription] = []  # on the connection, for the router: dropped when this stops
+        self._no_nodes: set[str] = set()  # placement keys said to be no node (section 7), each said once
         link(nc).on_closed(self._connection_closed)
         self.ref = _SupervisorActor.start(self)
 
@@ -152,6 +153,8 @@ class Supervisor:
             thread.run(sup.cache.start(), config.request_timeout)
             thread.run(sup.cache.wait_synced(), config.request_timeout * 6)
             sup._retire_needs()
+            for key in not_nodes(sup.view):
+                sup._no_node(key)
             sup._subs.append(thread.run(sup.asks.subscribe_decided(sup._decided), config.request_timeout))
             sup._subs.append(thread.run(nc.subscribe(STREAM_CREATED, cb=sup._stream_created), config.request_timeout))
             sup._start_children()
@@ -166,6 +169,13 @@ class Supervisor:
         if writes:
             self.apply(writes)
             log.info("deleted %d key(s) of the retired needs", len(writes))
+
+    def _no_node(self, key: str) -> None:
+        """Say once that a placement key is no node (section 7): nothing under it is composed or placed."""
+        why = not_a_node(key)
+        if why and key not in self._no_nodes:
+            self._no_nodes.add(key)
+            log.warning("%s", why)
 
     def _start_children(self) -> None:
         """Start every child, then route changes, then tell each to resynchronise.
@@ -334,6 +344,8 @@ class Supervisor:
     def _changed(self, state: str, key: str, old: Entry | None, new: Entry | None, ours: bool) -> None:
         """Route one change of the cache (`ours`: the seat's own write) to every actor it wakes. Runs on the event
         loop: it never blocks."""
+        if state == PLACEMENT and new is not None and not is_token(key):
+            self._no_node(key)
         if self._stopping or not self._routing:
             return
         woken = woken_by(self.view, state, key, old, new, another_writer=not ours)

@@ -111,6 +111,8 @@ def _woken(view: View, state: str, key: str, old: Entry | None, new: Entry | Non
 
 def _placement(view: View, node: str, old: Entry | None, new: Entry | None) -> Woken:
     """A node's placement wakes it, and every node needing what the modules added or removed there provide."""
+    if not k.is_token(node):
+        return Woken()  # no node (section 7): nothing under it was ever placed, so its change changes nothing
     before, after = _placed(old), _placed(new)
     changed = before ^ after
     if (old is not None and old.value is None) or (new is not None and new.value is None):
@@ -201,7 +203,8 @@ def _offers_of_module(view: View, module: str) -> set[str]:
 def known_nodes(view: View) -> set[str]:
     """Every node with anything on the bus: a placement, a want, a have, a resolved choice, a plan, a refusal, a key.
 
-    Each has its own actor (design.md); a key whose node is not a token names no node.
+    Each has its own actor (design.md); a key whose node is not a token names no node, nor does a placement key that
+    is not one token (section 7).
     """
     nodes: set[str] = set()
     for state in (PLACEMENT, WANTS, HAVE, RESOLVED, PLANS, REFUSED, PROVISIONS):
