@@ -64,6 +64,8 @@ OPTIONS: Final = (
            "the asks router's ed25519 public key (base64): answers are taken only with its signature"),
     Option("--metrics-addr", "MESH_PROVISIONER_METRICS_ADDR", "metrics_addr",
            "host:port serving /metrics, /healthz and /readyz"),
+    Option("--registry", "MESH_PROVISIONER_REGISTRY", "registry",
+           "the operator's registry file (TOML or JSON), written into the registry state when the seat is taken"),
 )
 
 

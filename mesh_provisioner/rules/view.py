@@ -33,6 +33,7 @@ PLANS: Final = "mesh-provisioner.plans"
 PROVISIONS: Final = "mesh-provisioner.provisions"
 REFUSED: Final = "mesh-provisioner.refused"
 NEEDS: Final = "mesh-provisioner.needs"
+REGISTRY: Final = "mesh-provisioner.registry"
 SEAT: Final = "mesh-provisioner.seat"
 APPLIED: Final = "mesh-provisioner.applied"
 COLLECT: Final = "mesh-provisioner.collect"
@@ -69,6 +70,7 @@ _KINDS: Final[dict[str, type[Any]]] = {
     PROVISIONS: r.Provision,
     REFUSED: r.Refusal,
     SEAT: r.Lease,
+    REGISTRY: r.RegistryEntry,
 }
 
 

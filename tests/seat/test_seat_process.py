@@ -398,6 +398,43 @@ def test_9_the_serving_seat_answers_the_verb(bus: tuple[NatsServer, EventLoopThr
         assert stop(a) == 0
 
 
+def test_9_the_verb_answers_registry_and_needs_with_the_registry_file_from_the_environment(
+    bus: tuple[NatsServer, EventLoopThread], tmp_path: Path
+) -> None:
+    server, loop = bus
+    path = tmp_path / "registry.json"
+    path.write_text('{"default": "example.org", "forge": "git.example.org"}')
+    loop.run(load_states(server.url, {NEEDS: {"ace.gitea": b'{"old": true}'}}), 30)
+    a = subprocess.Popen([sys.executable, "-m", "mesh_provisioner", "--nats", server.url, "--lease-seconds",
+                          str(LEASE), "serve"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env={**os.environ, "MESH_PROVISIONER_REGISTRY": str(path)})
+
+    async def ask(what: str) -> dict[str, object]:
+        nc = await nats.connect(server.url)
+        try:
+            msg = await nc.request("mesh-provisioner.provisioning", json.dumps({"what": what}).encode(), timeout=2)
+            return json.loads(msg.data)  # type: ignore[no-any-return]
+        finally:
+            await nc.close()
+
+    def answered() -> dict[str, object] | None:
+        try:
+            reply = loop.run(ask("registry"), 5)
+        except Exception:
+            return None  # not serving yet
+        return reply if reply.get("entries") else None
+
+    try:
+        reply = wait_until(answered, 30, 0.1, "the verb answers the registry")
+        assert reply == {"entries": [
+            {"key": "default", "value": {"kind": "default", "domain": "example.org"}},
+            {"key": "forge", "value": {"kind": "forge", "domain": "git.example.org"}},
+        ]}
+        assert loop.run(ask("needs"), 5) == {"entries": []}  # emptied when the seat was taken
+    finally:
+        assert stop(a) == 0
+
+
 def test_4_needs_retired_when_the_seat_starts(bus: tuple[NatsServer, EventLoopThread]) -> None:
     server, loop = bus
     loop.run(load_states(server.url, {NEEDS: {"ace.gitea": b'{"old": true}', "bee.webapp": b"{}"}}), 30)
