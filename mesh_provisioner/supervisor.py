@@ -40,7 +40,7 @@ from mesh_provisioner.bus.connection import (
     link,
 )
 from mesh_provisioner.bus.loop import EventLoopThread
-from mesh_provisioner.bus.registry import read_registry
+from mesh_provisioner.bus.registry import RegistryWriter
 from mesh_provisioner.bus.store import Applied, Store
 from mesh_provisioner.config import Config
 from mesh_provisioner.messages import records as r
@@ -59,10 +59,9 @@ from mesh_provisioner.messages.protocol import (
     Status,
     Stop,
 )
-from mesh_provisioner.messages.writes import Put, Write
+from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.metrics import Metrics
 from mesh_provisioner.rules.keys import is_token
-from mesh_provisioner.rules.registry import Registry, registry_writes
 from mesh_provisioner.rules.retire import retire_needs
 from mesh_provisioner.rules.signature import make_verify
 from mesh_provisioner.rules.view import PLACEMENT, REGISTRY, Entry, MemoryView, not_a_node, not_nodes
@@ -122,8 +121,7 @@ class Supervisor:
         self._verify = make_verify(config.router_key) if config.router_key else None
         self._subs: list[Subscription] = []  # on the connection, for the router: dropped when this stops
         self._no_nodes: set[str] = set()  # placement keys said to be no node (section 7), each said once
-        self._registry: Registry | None = None  # the operator's registry file as read when the seat was taken (4.1)
-        self._registry_due = False  # a rewrite of the registry is coming on the loop: later changes ride on it
+        self._registry: RegistryWriter | None = None  # the operator's registry file, read when the seat is taken
         link(nc).on_closed(self._connection_closed)
         self.ref = _SupervisorActor.start(self)
 
@@ -157,7 +155,9 @@ class Supervisor:
             thread.run(sup.cache.start(), config.request_timeout)
             thread.run(sup.cache.wait_synced(), config.request_timeout * 6)
             sup._retire_needs()
-            sup._write_registry()
+            if config.registry:  # no file: the registry is left as it is (4.1)
+                sup._registry = RegistryWriter(config.registry, sup.store, sup.view)
+                thread.run(sup._registry.write(), config.work_timeout)
             for key in not_nodes(sup.view):
                 sup._no_node(key)
             sup._subs.append(thread.run(sup.asks.subscribe_decided(sup._decided), config.request_timeout))
@@ -177,49 +177,18 @@ class Supervisor:
             if not applied.ok:
                 log.warning("the retired needs are not all deleted: %s", applied.error)
 
-    def _write_registry(self) -> None:
-        """The operator's registry file, written into `registry` when the seat is taken (4.1), each problem said."""
-        if not self.config.registry:
-            return  # no file: the state is left as it is
-        registry = read_registry(self.config.registry)
-        for problem in registry.problems:
-            log.warning("the registry file %s: %s", self.config.registry, problem)
-        self._registry = registry
-        writes = registry_writes(self.view, registry)
-        if writes:
-            self._registry_written(self.apply(writes))
-
-    def _registry_written(self, applied: Applied) -> None:
-        """Say what a write of the registry did; a write that did not land is made at the key's next change."""
-        put = sum(1 for w, _ in applied.done if isinstance(w, Put))
-        log.info("the registry: wrote %d key(s), deleted %d", put, len(applied.done) - put)
-        if not applied.ok:
-            log.warning("the registry is not all written: %s", applied.error)
-
     def _registry_changed(self) -> None:
         """Another writer changed the registry (deleted or purged a key, say): the file's word is written back (4.1).
 
         Runs on the loop, which must not block: the writes go out as a task of the loop, counted in flight, and
         every change before it starts rides on it.
         """
-        registry = self._registry
-        if registry is None or self._registry_due or self._stopping:
+        writer = self._registry
+        if writer is None or writer.due or self._stopping:
             return
-        self._registry_due = True
+        writer.due = True
         self.in_flight.sent(REGISTRY)
-
-        async def rewrite() -> None:
-            try:
-                self._registry_due = False
-                writes = registry_writes(self.view, registry)
-                if writes:
-                    self._registry_written(await self.store.apply(writes))
-            except Exception:  # nothing read may stop the seat (section 7): said, and done at the next change
-                log.exception("the registry is not written back")
-            finally:
-                self.in_flight.done(REGISTRY)
-
-        self.loop.loop.create_task(rewrite())
+        self.loop.loop.create_task(writer.write()).add_done_callback(lambda _: self.in_flight.done(REGISTRY))
 
     def _no_node(self, key: str) -> None:
         """Say once that a placement key is no node (section 7): nothing under it is composed or placed."""
