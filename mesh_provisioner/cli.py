@@ -15,7 +15,7 @@ from typing import Final, NamedTuple
 
 import msgspec
 
-from mesh_provisioner.bus.connection import closed_for_good, connect_options
+from mesh_provisioner.bus.connection import connect_options
 from mesh_provisioner.bus.embedded import EmbeddedServer
 from mesh_provisioner.bus.loader import load_states, router_stream
 from mesh_provisioner.bus.loop import EventLoopThread
@@ -23,10 +23,9 @@ from mesh_provisioner.bus.snapshot import snapshot_of
 from mesh_provisioner.config import Config
 from mesh_provisioner.messages.writes import Put
 from mesh_provisioner.rules.settle import settle
-from mesh_provisioner.rules.view import OWN
 from mesh_provisioner.samples import sample_mesh
 from mesh_provisioner.seat import Seat
-from mesh_provisioner.show import GRAPH, SHOWN, check, render, tables
+from mesh_provisioner.show import GRAPH, READS, SHOWN, check, render, tables
 from mesh_provisioner.supervisor import Supervisor
 
 log = logging.getLogger("mesh_provisioner.cli")
@@ -65,6 +64,8 @@ OPTIONS: Final = (
            "the asks router's ed25519 public key (base64): answers are taken only with its signature"),
     Option("--metrics-addr", "MESH_PROVISIONER_METRICS_ADDR", "metrics_addr",
            "host:port serving /metrics, /healthz and /readyz"),
+    Option("--registry", "MESH_PROVISIONER_REGISTRY", "registry",
+           "the operator's registry file (TOML or JSON), written into the registry state when the seat is taken"),
 )
 
 
@@ -129,22 +130,40 @@ def configure_logging(level: str, form: str) -> None:
 
 
 def reconcile(config: Config, timeout: float) -> int:
-    """Take the seat's lease, let every node compose and every key be judged, print what changed, give it back."""
+    """Take the seat's lease, let every node compose and every key be judged, print what changed, give it back.
+
+    The lease is held as `serve` holds it (`Seat.hold`: renewed all along); a reconcile that loses it says so and
+    exits 2 at once.
+    """
     started = time.monotonic()
-    seat = Seat(config)
+    settled = threading.Event()
+    outcome: list[tuple[bool, dict[str, int]]] = []
+
+    def wait_settled(sup: Supervisor | None) -> None:
+        if sup is None:
+            return
+
+        def wait() -> None:
+            try:
+                outcome.append((sup.wait_settled(max(timeout - (time.monotonic() - started), 0.1)), sup.store.counts()))
+            finally:
+                settled.set()
+
+        threading.Thread(target=wait, name="mesh-provisioner-reconcile", daemon=True).start()
+
+    seat = Seat(config, on_hold=wait_settled)
     try:
         if not seat.take(threading.Event(), timeout):
-            log.error("%s; nothing is reconciled", closed_for_good(seat.nc) or "another process holds the seat's lease")
+            log.error("%s; nothing is reconciled", seat.closed() or "another process holds the seat's lease")
             return 2
-        sup = Supervisor.start(config, nc=seat.nc, loop=seat.loop.loop, guard=seat.lease.guard)
-        try:
-            if not sup.wait_settled(timeout):
-                log.error("the seat did not settle within %g s", timeout)
-                return 2
-            counts = sup.store.counts()
-        finally:
-            sup.stop()
-        print(f"settled in {time.monotonic() - started:.2f} s: {summary(counts)}")  # noqa: T201
+        why, _ = seat.hold(settled)
+        if why:
+            log.error("%s; the reconcile stops, unfinished", why)
+            return 2
+        if not outcome or not outcome[0][0]:
+            log.error("the seat did not settle within %g s", timeout)
+            return 2
+        print(f"settled in {time.monotonic() - started:.2f} s: {summary(outcome[0][1])}")  # noqa: T201
         return 0
     finally:
         seat.close()
@@ -213,7 +232,7 @@ def show(config: Config, args: argparse.Namespace) -> int:
     # One try at each server: a reader that cannot reach the bus says so rather than waiting for ever.
     options = {**connect_options(config), "max_reconnect_attempts": 1}
     with EventLoopThread() as loop:
-        view = loop.run(snapshot_of(config.servers(), options, bound_reads=config.bound_reads, states=OWN,
+        view = loop.run(snapshot_of(config.servers(), options, bound_reads=config.bound_reads, states=READS,
                                     timeout=args.timeout), args.timeout + 5)
     print(render(view, args.what, args.node, args.module, args.state, args.json))  # noqa: T201
     return 0

@@ -55,6 +55,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     """`host:port` to serve `/metrics`, `/healthz` and `/readyz` on; "" serves nothing."""
     router_key: str = ""
     """The router's ed25519 public key; when set, a warrant is taken only with a valid signature."""
+    registry: str = ""
+    """The operator's registry file (TOML or JSON), written into `mesh-provisioner.registry` when the seat is taken
+    (contract 4.1); "" leaves that state as it is."""
 
     @property
     def work_timeout(self) -> float:

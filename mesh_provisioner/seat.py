@@ -11,8 +11,10 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
+from typing import Final
 
 from nats.aio.client import Client
+from nats.micro.service import Service
 
 from mesh_provisioner.bus.connection import closed_for_good, config_buckets_wait, connect_config, ensure_config_buckets
 from mesh_provisioner.bus.lease import SeatLease
@@ -25,6 +27,55 @@ from mesh_provisioner.supervisor import Supervisor
 log = logging.getLogger("mesh_provisioner.seat")
 
 
+LEASE_CONNECTION: Final = "mesh-provisioner-lease"
+# How often holding looks whether it must end: asked to stop, the lease lost, the supervisor given up.
+WATCH_EVERY: Final = 0.1
+
+
+class LeaseKeeper:
+    """Renews a seat's lease a quarter of the lease time apart, on a thread of its own, until stopped or the lease
+    is lost (contract 8): the one place a held lease is renewed.
+
+    A renewal may take until the lease would lapse (the bus loop may be busy with a large mesh's changes); one that
+    fails or takes longer counts the lease lost, and every write stops at once.
+    """
+
+    def __init__(self, seat: Seat) -> None:
+        self.seat = seat
+        self.lost = threading.Event()
+        self.why = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name="mesh-provisioner-lease", daemon=True)
+
+    def start(self) -> None:
+        """Start renewing."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop renewing (the lease is given back, or let go); returns once no renewal runs."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _renew(self) -> None:
+        every = self.seat.config.lease_seconds / 4
+        lease = self.seat.lease
+        while not self._stop.wait(every):
+            try:
+                if self.seat.loop.run(lease.renew(), max(lease.left(), every)):
+                    continue
+                self.why = "the seat's lease could not be renewed"
+            except TimeoutError:
+                lease.lapse()
+                self.why = "the seat's lease could not be renewed in time"
+            except Exception as err:  # the loop gone (closing): no renewal can be made, and no write either
+                lease.lapse()
+                self.why = f"the seat's lease could not be renewed: {err}"
+            log.warning("%s: this process stops writing", self.why)
+            self.lost.set()
+            return
+
+
 class Seat:
     """One seat process: a connection, its lease, and a supervisor while the lease is held."""
 
@@ -33,7 +84,11 @@ class Seat:
         self.loop = EventLoopThread()
         self.nc: Client = self.loop.run(connect_config(config), config.request_timeout * 3)
         self.loop.run(ensure_config_buckets(self.nc, config), config_buckets_wait(config))
-        self.lease = SeatLease(self.nc, config.lease_seconds)
+        # The lease is kept on a connection of its own: on the seat's, a renewal's answer waits behind every change
+        # the server is sending the cache (a large mesh's first load is seconds of them), past a short lease.
+        self.lease_nc: Client = self.loop.run(connect_config(config, name=LEASE_CONNECTION),
+                                              config.request_timeout * 3)
+        self.lease = SeatLease(self.lease_nc, config.lease_seconds)
         self.supervisor: Supervisor | None = None
         self.on_hold = on_hold or (lambda _: None)
         self.metrics = Metrics()
@@ -48,7 +103,11 @@ class Seat:
         sup = self.supervisor
         if sup is not None and sup.failed.done() and sup.failed.result():
             return sup.failed.result()
-        return closed_for_good(self.nc)
+        return self.closed()
+
+    def closed(self) -> str:
+        """Why a connection of this process is closed for good ("" while neither is): nothing brings it back."""
+        return closed_for_good(self.nc) or closed_for_good(self.lease_nc)
 
     def ready(self) -> str:
         """Why this process is not doing the seat's work ("" when it is): the lease held and the cache synced."""
@@ -65,7 +124,7 @@ class Seat:
         waited = 0.0
         every = self.config.lease_seconds / 5
         announced = False
-        while not stop.is_set() and not closed_for_good(self.nc):
+        while not stop.is_set() and not self.closed():
             try:
                 if self.loop.run(self.lease.take(), self.config.request_timeout):
                     return True
@@ -82,29 +141,43 @@ class Seat:
 
     def hold(self, stop: threading.Event) -> tuple[str, bool]:
         """Run the actors while the lease is renewed; answers why holding ended ("" when stop was set) and
-        whether it ended because the supervisor gave up (past its restart intensity)."""
-        sup = Supervisor.start(
-            self.config, nc=self.nc, loop=self.loop.loop, guard=self.lease.guard, metrics=self.metrics
-        )
+        whether it ended because the supervisor gave up (past its restart intensity).
+
+        `serve` and `reconcile` both hold the seat here, so the lease is kept one way: renewed from the moment it is
+        taken (the cache's first load of a large mesh outlasts a short lease), and a lease lost ends holding at once.
+        """
+        keeper = LeaseKeeper(self)
+        keeper.start()
+        try:
+            sup = Supervisor.start(
+                self.config, nc=self.nc, loop=self.loop.loop, guard=self.lease.guard, metrics=self.metrics
+            )
+        except BaseException:
+            keeper.stop()
+            raise
         self.supervisor = sup
         self.on_hold(sup)
         why, gave_up = "", False
-        # The verb answers from the holder's cache (contract 9); a standby has none, so it serves no verb.
-        verb = self.loop.run(serve_verb(self.nc, sup.view), self.config.request_timeout)
+        verb: Service | None = None
         try:
-            while not stop.wait(self.config.lease_seconds / 4):
+            # The verb answers from the holder's cache (contract 9); a standby has none, so it serves no verb.
+            try:
+                verb = self.loop.run(serve_verb(self.nc, sup.view), self.config.request_timeout)
+            except Exception as err:  # the connection closed meanwhile: the supervisor fails for it, said below
+                log.warning("the verb is not served: %s", err or type(err).__name__)
+            while not stop.wait(min(self.config.lease_seconds / 4, WATCH_EVERY)):
                 if sup.failed.done():
                     why, gave_up = sup.failed.result() or "the supervisor stopped", True
                     break
-                if not self.loop.run(self.lease.renew(), self.config.lease_seconds / 4):
-                    why = "the seat's lease could not be renewed"
+                if keeper.lost.is_set():
+                    why = keeper.why
                     break
-        except TimeoutError:
-            why = "the seat's lease could not be renewed in time"
         finally:
-            with contextlib.suppress(Exception):  # a bus that is gone has no service left to stop
-                self.loop.run(verb.stop(), self.config.request_timeout)
+            if verb is not None:
+                with contextlib.suppress(Exception):  # a bus that is gone has no service left to stop
+                    self.loop.run(verb.stop(), self.config.request_timeout)
             sup.stop()
+            keeper.stop()  # kept while the actors stop, so that a clean exit still has a lease to give back
             self.supervisor = None
             self.on_hold(None)
         return why, gave_up
@@ -122,7 +195,7 @@ class Seat:
                     return 1
                 if why:
                     log.warning("%s: back to waiting for the seat", why)
-            lost = closed_for_good(self.nc)
+            lost = self.closed()
             if lost:
                 # Nothing brings a closed connection back: a process that stays would never hold the seat again.
                 log.error("%s", lost)
@@ -137,6 +210,7 @@ class Seat:
             self.http.stop()
         try:
             self.loop.run(self.lease.give_back(), self.config.request_timeout)
+            self.loop.run(self.lease_nc.close(), self.config.request_timeout)
             self.loop.run(self.nc.close(), self.config.request_timeout)
         except Exception as err:  # closing on a bus that is gone: nothing left to give back
             log.debug("the seat did not close cleanly: %s", err)

@@ -13,11 +13,13 @@ from typing import Final
 
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules import verb
-from mesh_provisioner.rules.view import PLANS, PROVISIONS, REFUSED, View
+from mesh_provisioner.rules.view import OWN, PLACEMENT, PLANS, PROVISIONS, REFUSED, View, not_nodes
 
 # What `show` shows, by its word on the command line, and the seat's state each reads (contract section 4).
 SHOWN: Final = {"plans": PLANS, "provisions": PROVISIONS, "refused": REFUSED}
 GRAPH: Final = "graph"
+# What `show` reads: the seat's states, and the placement, whose keys that are no node it names (section 7).
+READS: Final = (*OWN, PLACEMENT)
 
 # The colour of a provision's edge by its state (contract section 4's states).
 STATE_COLOURS: Final = {
@@ -83,12 +85,20 @@ def refused_rows(view: View, node: str = "", module: str = "") -> list[list[str]
 
 
 def tables(view: View) -> str:
-    """The plans, provisions and refusals of a view, each under its title."""
+    """The plans, provisions and refusals of a view, each under its title; placement keys that are no node last."""
     return "\n\n".join([
         "Plans\n" + table(["plan", "provision", "local", "provider", "credential"], plan_rows(view)),
         "Provisions\n" + table(["key", "state", "provider", "why"], provision_rows(view)),
         "Refused\n" + table(["module", "since", "why"], refused_rows(view)),
-    ])
+    ]) + no_nodes_said(view)
+
+
+def no_nodes_said(view: View) -> str:
+    """The placement keys that are no node, under a title after two newlines; "" when there are none (section 7)."""
+    said = not_nodes(view)
+    if not said:
+        return ""
+    return "\n\nNo node\n" + table(["placement key", "why"], [[repr(key), why] for key, why in said.items()])
 
 
 def check(what: str, state: str = "", as_json: bool = False, filtered: bool = False) -> str:
@@ -141,7 +151,7 @@ def render(view: View, what: str, node: str = "", module: str = "", state: str =
         return graph_dot(view)
     if json:
         return as_json(view, what, node, module, state)
-    return as_table(view, what, node, module, state)
+    return as_table(view, what, node, module, state) + no_nodes_said(view)
 
 
 # ---- the graph ----------------------------------------------------------------------------------------------
@@ -205,6 +215,7 @@ def graph_dot(view: View) -> str:
         '  node [shape=box, style=rounded, fontname="Helvetica"];',
         '  edge [fontname="Helvetica", fontsize=10];',
     ]
+    problems += not_nodes(view).values()
     lines += [f"  // {problem.replace(chr(10), ' ')}" for problem in problems]
     for node in sorted(modules):
         lines.append(f"  subgraph {_quoted('cluster_' + node)} {{")

@@ -41,6 +41,7 @@ from mesh_provisioner.bus.connection import (
     link,
 )
 from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.bus.registry import RegistryWriter
 from mesh_provisioner.bus.store import Applied, Store
 from mesh_provisioner.config import Config
 from mesh_provisioner.messages import records as r
@@ -64,7 +65,20 @@ from mesh_provisioner.rules.order import providers_first
 from mesh_provisioner.rules.reads import NODE_STATES, Reads, known_nodes, touched
 from mesh_provisioner.rules.retire import retire_needs
 from mesh_provisioner.rules.signature import make_verify
-from mesh_provisioner.rules.view import ASK_RECORDS, BUILDS, MANIFESTS, MODULES, PROVISIONS, Entry, MemoryView, group_of
+from mesh_provisioner.rules.view import (
+    ASK_RECORDS,
+    BUILDS,
+    MANIFESTS,
+    MODULES,
+    PLACEMENT,
+    PROVISIONS,
+    REGISTRY,
+    Entry,
+    MemoryView,
+    group_of,
+    not_a_node,
+    not_nodes,
+)
 from mesh_provisioner.runtime.dispatch import COMPOSE, JUDGE, LOOK, Dispatcher, Judgment
 
 log = logging.getLogger("mesh_provisioner.supervisor")
@@ -122,6 +136,8 @@ class Supervisor:
         # It answers only its router: a warrant is taken only with its valid signature.
         self._verify = make_verify(config.router_key) if config.router_key else None
         self._subs: list[Subscription] = []  # on the connection, for the router: dropped when this stops
+        self._no_nodes: set[str] = set()  # placement keys said to be no node (section 7), each said once
+        self._registry: RegistryWriter | None = None  # the operator's registry file, read when the seat is taken
         link(nc).on_closed(self._connection_closed)
         self.ref = _SupervisorActor.start(self)
 
@@ -155,6 +171,11 @@ class Supervisor:
             thread.run(sup.cache.start(), config.request_timeout)
             thread.run(sup.cache.wait_synced(), config.request_timeout * 6)
             sup._retire_needs()
+            if config.registry:  # no file: the registry is left as it is (4.1)
+                sup._registry = RegistryWriter(config.registry, sup.store, sup.view)
+                thread.run(sup._registry.write(), config.work_timeout)
+            for key in not_nodes(sup.view):
+                sup._no_node(key)
             sup._subs.append(thread.run(sup.asks.subscribe_decided(sup._decided), config.request_timeout))
             sup._subs.append(thread.run(nc.subscribe(STREAM_CREATED, cb=sup._stream_created), config.request_timeout))
             sup._start_children()
@@ -164,11 +185,33 @@ class Supervisor:
         return sup
 
     def _retire_needs(self) -> None:
-        """`needs` is retired: every key of it is deleted when the seat starts (section 4)."""
+        """`needs` is retired: every key of it is deleted when the seat is taken, and the count logged (4.1)."""
         writes = retire_needs(self.view)
         if writes:
-            self.apply(writes, {})
-            log.info("deleted %d key(s) of the retired needs", len(writes))
+            applied = self.apply(writes, {})
+            log.info("deleted %d key(s) of the retired needs", len(applied.done))
+            if not applied.ok:
+                log.warning("the retired needs are not all deleted: %s", applied.error)
+
+    def _registry_changed(self) -> None:
+        """Another writer changed the registry (deleted or purged a key, say): the file's word is written back (4.1).
+
+        Runs on the loop, which must not block: the writes go out as a task of the loop, counted in flight, and
+        every change before it starts rides on it.
+        """
+        writer = self._registry
+        if writer is None or writer.due or self._stopping:
+            return
+        writer.due = True
+        self.in_flight.sent(REGISTRY)
+        self.loop.loop.create_task(writer.write()).add_done_callback(lambda _: self.in_flight.done(REGISTRY))
+
+    def _no_node(self, key: str) -> None:
+        """Say once that a placement key is no node (section 7): nothing under it is composed or placed."""
+        why = not_a_node(key)
+        if why and key not in self._no_nodes:
+            self._no_nodes.add(key)
+            log.warning("%s", why)
 
     def _start_children(self) -> None:
         """Start every child, then route changes, then tell each to resynchronise.
@@ -360,6 +403,10 @@ class Supervisor:
     def _changed(self, state: str, key: str, old: Entry | None, new: Entry | None, ours: bool) -> None:
         """Wake every judgment that read what one change of the cache touched (`ours`: the seat's own write), and
         start the judgments a new node or key needs. Runs on the event loop: it never blocks."""
+        if state == PLACEMENT and new is not None and not is_token(key):
+            self._no_node(key)
+        elif state == REGISTRY and not ours:
+            self._registry_changed()
         if self._stopping or not self._routing:
             return
         route = partial(self._route, state, key)
@@ -372,8 +419,10 @@ class Supervisor:
         node = group_of(state, key)
         if state in NODE_STATES and not self.dispatcher.knows((COMPOSE, node)):
             if not is_token(node):
-                # Section 7: a key whose node is not a token is bad input; nothing is composed for it.
-                log.warning("%s %s names no node (%r is not a token): nothing is composed for it", state, key, node)
+                # Section 7: a key whose node is not a token is bad input; nothing is composed for it (a placement
+                # key is said once, above).
+                if state != PLACEMENT:
+                    log.warning("%s %s names no node (%r is not a token): nothing is composed for it", state, key, node)
             else:
                 self.dispatcher.add([(COMPOSE, node)], f"node:{node}")
         if state == PROVISIONS:

@@ -15,7 +15,7 @@ from mesh_provisioner.actors.base import InFlight, Seat, SeatActor
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import Decided
 from mesh_provisioner.messages.writes import Write
-from mesh_provisioner.rules.retire import ask_of, decide, retiring_keys
+from mesh_provisioner.rules.retire import decide, outgoing, retiring_keys
 from mesh_provisioner.rules.view import ASK_RECORDS, View
 from mesh_provisioner.rules.writing import provision_of
 from mesh_provisioner.runtime.dispatch import LOOK, Judgment
@@ -51,42 +51,59 @@ class AskerActor(SeatActor):
             self.seat.dispatcher.done((LOOK, key), reads)
 
     def _look(self, key: str, view: View) -> None:
-        """Publish a retiring key's ask unless the router holds it; take its answer once it is decided."""
+        """Publish a retiring key's ask unless the router holds it; take its answer once it is decided.
+
+        An ask is checked just before it goes out: one dead before it did (its expiry passed) is replaced in the key
+        by a new one, as is one whose answer ended with no choice (5.4); the new ask's write wakes this key again,
+        and the new ask goes out then.
+        """
         p, _ = provision_of(view, key)
         if p is None or p.state != r.RETIRING or not p.ask or p.warrant is not None:
             return
-        if view.get(ASK_RECORDS, p.ask) is None:
-            self._publish(key, p)
-            return
         said: list[str] = []
         j: Judgment = (LOOK, key)
+        answered = view.get(ASK_RECORDS, p.ask) is not None
+        if not answered:
+            if p.ask in self.published:
+                return
+            out = outgoing(view, key, self.seat.now())
+            if out.ask is not None:
+                self._publish(key, out.ask)
+                return
+            if not out.writes:
+                if out.said:
+                    log.warning("%s", out.said)
+                return
 
-        def judge() -> tuple[list[Write], Mapping[tuple[str, str], Judgment]]:
-            decided = decide(view, key, self.seat.now(), self.seat.verify)
-            said[:] = [decided.said]
-            return decided.writes, {(w.state, w.key): j for w in decided.writes}
+            def judge() -> tuple[list[Write], Mapping[tuple[str, str], Judgment]]:
+                again = outgoing(view, key, self.seat.now())
+                said[:] = [again.said]
+                writes = again.writes if again.ask is None else []
+                return writes, {(w.state, w.key): j for w in writes}
+
+        else:
+
+            def judge() -> tuple[list[Write], Mapping[tuple[str, str], Judgment]]:
+                decided = decide(view, key, self.seat.now(), self.seat.verify)
+                said[:] = [decided.said]
+                return decided.writes, {(w.state, w.key): j for w in decided.writes}
 
         why = self.write(judge, 0.0, [j])
         if why:
-            log.warning("the answer for %s is not written: %s", key, why)
+            log.warning("the %s of %s is not written: %s", "answer" if answered else "new ask", key, why)
         elif said and said[0]:
-            self.decided += 1
-            self.seat.metrics.asks_decided.inc()
+            if answered:
+                self.decided += 1
+                self.seat.metrics.asks_decided.inc()
             log.info("%s", said[0])
 
-    def _publish(self, key: str, p: r.Provision) -> None:
-        if p.ask in self.published:
-            return
-        ask = ask_of(key, p)
-        if ask is None:
-            log.warning("%s names the ask %r, which says no time it was raised at; it is not published", key, p.ask)
-            return
+    def _publish(self, key: str, ask: r.Ask) -> None:
         try:
             self.seat.publish(ask)
         except Exception as err:  # the channel may be down or have no router yet: asked again at the next look
             log.warning("the retiring ask of %s is not published: %s", key, err)
             return
-        self.published.add(p.ask)
+        self.published.add(ask.id)
         self.asks_raised += 1
         self.seat.metrics.asks_raised.inc()
-        log.info("asked the operator to retire %s (%s)", key, p.ask)
+        log.info("asked the operator to retire %s (%s)", key, ask.id)

@@ -45,6 +45,7 @@ from mesh_provisioner.rules.view import (
     NEEDS,
     OWN,
     READS,
+    REGISTRY,
     Entry,
     MemoryView,
     bound,
@@ -66,8 +67,9 @@ _INACTIVE_THRESHOLD: Final = 30.0
 
 def watched_states(bound_reads: Iterable[str] = DEFAULT_BOUND_READS) -> tuple[str, ...]:
     """Every state the cache watches: what the rules read (section 2), the seat's own (section 4, with the
-    retired `needs`, whose keys it deletes), and what the verb reads (section 9: `applied` and `collect`)."""
-    return (*READS, *(bound(p) for p in bound_reads), ASK_RECORDS, *OWN, NEEDS, APPLIED, COLLECT)
+    retired `needs`, whose keys it deletes, and the `registry`, whose keys another writer deletes it writes back),
+    and what the verb reads (section 9: `applied` and `collect`)."""
+    return (*READS, *(bound(p) for p in bound_reads), ASK_RECORDS, *OWN, NEEDS, REGISTRY, APPLIED, COLLECT)
 
 
 def _content(entry: KeyValue.Entry) -> tuple[bytes | None, int]:

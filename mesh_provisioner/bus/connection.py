@@ -33,12 +33,12 @@ from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
 from mesh_provisioner.config import Config
-from mesh_provisioner.rules.view import NEEDS, PLANS, PROVISIONS, REFUSED, SEAT, bucket
+from mesh_provisioner.rules.view import NEEDS, PLANS, PROVISIONS, REFUSED, REGISTRY, SEAT, bucket
 
 log = logging.getLogger("mesh_provisioner.bus.connection")
 
 # The seat's own states, whose buckets the seat creates (contract section 4).
-SEAT_STATES: Final = (PLANS, PROVISIONS, REFUSED, NEEDS, SEAT)
+SEAT_STATES: Final = (PLANS, PROVISIONS, REFUSED, NEEDS, REGISTRY, SEAT)
 # The lease time of the seat, the max age of its lease bucket (contract section 8).
 LEASE_SECONDS: Final = 15.0
 
@@ -373,6 +373,6 @@ def connect_options(config: Config) -> dict[str, Any]:
     return options
 
 
-async def connect_config(config: Config) -> Client:
-    """A connection to the servers of a config, with its credentials."""
-    return await connect(config.servers(), **connect_options(config))
+async def connect_config(config: Config, *, name: str = "mesh-provisioner") -> Client:
+    """A connection to the servers of a config, with its credentials, under a client name."""
+    return await connect(config.servers(), name=name, **connect_options(config))

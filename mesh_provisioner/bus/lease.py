@@ -52,6 +52,14 @@ class SeatLease:
         """Whether this process holds the lease now, with the safety margin."""
         return time.monotonic() < self._deadline
 
+    def left(self) -> float:
+        """Seconds left until this process counts its lease as lapsed; 0 when it does not hold it."""
+        return max(self._deadline - time.monotonic(), 0.0)
+
+    def lapse(self) -> None:
+        """Count the lease as lapsed now: a renewal that did not answer in time stops every write at once."""
+        self._deadline = 0.0
+
     def guard(self) -> str:
         """Why this process may not write the seat's states ("" while it holds the lease)."""
         return "" if self.held else "this process does not hold the seat's lease"

@@ -28,8 +28,9 @@ SERVICE_NAME: Final = MODULE
 ENDPOINT_NAME: Final = "provisioning"
 SUBJECT: Final = f"{MODULE}.{ENDPOINT_NAME}"  # contract 9
 DESCRIPTION: Final = (
-    "Reads what mesh-provisioner keeps (contract 9): plans, provisions, refused, or what each machine's provisioner "
-    "client wrote (applied, collect), narrowed by node, module and collection. Read only."
+    "Reads what mesh-provisioner keeps (contract 9): plans, provisions, refused, the registry, the retired needs, or "
+    "what each machine's provisioner client wrote (applied, collect), narrowed by node, module and collection. Read "
+    "only."
 )
 # A request's error is also said in the micro service's error headers, so service tools show it.
 BAD_REQUEST: Final = "400"

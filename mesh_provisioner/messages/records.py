@@ -242,6 +242,13 @@ class Refusal(Record, frozen=True):
     since: datetime | None = None
 
 
+class RegistryEntry(Record, frozen=True):
+    """`mesh-provisioner.registry` `<placeholder kind>`, and `default`: which domain answers that kind (4.1)."""
+
+    kind: str = ""
+    domain: str = ""
+
+
 class Lease(Record, frozen=True):
     """`mesh-provisioner.seat` `holder`: the lease of the seat's holder (section 8)."""
 

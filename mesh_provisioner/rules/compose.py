@@ -146,6 +146,11 @@ def compose_module(
     shape = shape_problem(m)
     if shape:
         return None, f"the manifest of {module} is not usable: {shape}"
+    # A resolved value that does not decode holds the module even when it needs no provider chosen (section 7):
+    # the seat never composes on an input it could not read.
+    _, unreadable = resolved_node(view, node, module, "")
+    if unreadable:
+        return None, unreadable
     chosen: dict[tuple[str, str], r.PlanProvision] = {}
     reasons: list[str] = []
     for req in m.requires:

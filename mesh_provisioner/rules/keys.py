@@ -7,6 +7,7 @@ raises BadKey with a sentence that says what is wrong, so a bad key is named and
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from typing import Final
 
@@ -128,18 +129,29 @@ def credential_key(form: str, consumer: End, provider: End, provision: str, loca
 
 
 def ask_id(key: str, unix_seconds: int) -> str:
-    """`retire-<key with every . made ->-<unix seconds>` (section 5.4)."""
-    return f"retire-{key.replace('.', '-')}-{unix_seconds}"
+    """`retire-<key with every . made ->-<unix seconds>-<h>`, `<h>` the first 8 hex digits of the key's SHA-256
+    (section 5.4): the one place an ask id is made.
+
+    Without `<h>`, keys that differ only where a dot and a dash stand (`ace.my-app.db` and `ace.my.app-db`) raised
+    in the same second would share an id, and JetStream would drop the second ask as a duplicate message.
+    """
+    digest = hashlib.sha256(key.encode()).hexdigest()[:ASK_HASH_DIGITS]
+    return f"retire-{key.replace('.', '-')}-{unix_seconds}-{digest}"
 
 
-# Unix seconds of a time a datetime can hold (years 1 to 9999): an ask id's tail, at most 12 ASCII digits.
+ASK_HASH_DIGITS: Final = 8
+_ASK_HASH: Final = re.compile(rf"[0-9a-f]{{{ASK_HASH_DIGITS}}}")
+# Unix seconds of a time a datetime can hold (years 1 to 9999): an ask id's time, at most 12 ASCII digits.
 _UNIX_SECONDS: Final = re.compile(r"[0-9]{1,12}")
 _LAST_SECOND: Final = 253402300799  # 9999-12-31T23:59:59Z
 
 
 def ask_raised_at(ask: str) -> int | None:
-    """The unix seconds an ask id says it was raised at, None when the id does not end with a time it can be."""
-    _, _, tail = ask.rpartition("-")
-    if _UNIX_SECONDS.fullmatch(tail) is None or int(tail) > _LAST_SECOND:
+    """The unix seconds an ask id says it was raised at, None when it does not end with such a time and a key's hash
+    as `ask_id` makes them."""
+    head, _, digest = ask.rpartition("-")
+    _, _, seconds = head.rpartition("-")
+    if _ASK_HASH.fullmatch(digest) is None or _UNIX_SECONDS.fullmatch(seconds) is None:
         return None
-    return int(tail)
+    raised = int(seconds)
+    return raised if raised <= _LAST_SECOND else None

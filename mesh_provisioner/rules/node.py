@@ -18,8 +18,8 @@ from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.rules import keys as k
 from mesh_provisioner.rules.compose import CannotCompose, Memo, compose
 from mesh_provisioner.rules.judge import outcome
-from mesh_provisioner.rules.retire import raise_ask, retired
-from mesh_provisioner.rules.view import HAVE, PLANS, PROVISIONS, REFUSED, WANTS, Entry, View
+from mesh_provisioner.rules.retire import raise_ask, retired, retiring_why
+from mesh_provisioner.rules.view import HAVE, PLANS, PROVISIONS, REFUSED, WANTS, Entry, View, not_a_node
 from mesh_provisioner.rules.writing import Writes, provision_of, same, utc
 
 
@@ -115,6 +115,10 @@ def depends_on(
 def compose_node(view: View, node: str, now: datetime) -> Result:
     """Compose one node: its refusals, its plans, and every provision either composition needs (5.2)."""
     out = r.Composed(node=node)
+    no_node = not_a_node(node)
+    if no_node:
+        out.problems.append(no_node)
+        return Result(out, [])
     writes = Writes(view)
     wanted, unreadable = wanted_on(view, node, out.problems)
     # A module on the node with no want (the bus on the control node) is composed at the build its have names.
@@ -286,10 +290,7 @@ def _judge_node(
             nxt = msgspec.structs.replace(
                 have,
                 state=r.RETIRING,
-                why=(
-                    f"no build wanted or placed on {node} requires {have.provision} of {have.provider.module} "
-                    f"on {have.provider.node} any more"
-                ),
+                why=retiring_why(node, have),
                 ask="",
                 warrant=None,
             )

@@ -171,7 +171,8 @@ def touched(view: View, state: str, key: str, old: Entry | None, new: Entry | No
         out.add(token("keys", state, ALL))
         out.add(token("keys", state, group_of(state, key)))
     if state == PLACEMENT:
-        out |= {token("placed", m) for m in _placed(old) ^ _placed(new)}
+        if k.is_token(key):  # a placement key that is not one token places nothing (section 7)
+            out |= {token("placed", m) for m in _placed(old) ^ _placed(new)}
     elif state == PROVISIONS:
         out |= _provision(key, _value(old, r.Provision), _value(new, r.Provision))
     elif state == PLANS:

@@ -77,9 +77,12 @@ def retiring_ask(key: str, p: r.Provision, at: datetime, ask_id: str) -> r.Ask:
 
 
 def ask_of(key: str, p: r.Provision) -> r.Ask | None:
-    """The ask a retiring key names, made again from the key: the same ask after any restart."""
+    """The ask a retiring key names, made again from the key: the same ask after any restart.
+
+    None when the key names no ask, or an id this key does not make (`keys.ask_id`: another key's, or forged).
+    """
     raised = k.ask_raised_at(p.ask)
-    if not p.ask or raised is None:
+    if not p.ask or raised is None or k.ask_id(key, raised) != p.ask:
         return None
     try:
         return retiring_ask(key, p, datetime.fromtimestamp(raised, UTC), p.ask)
@@ -107,13 +110,36 @@ def check_ask(ask: r.Ask, now: datetime) -> str:
     return ""
 
 
+def retiring_why(node: str, p: r.Provision) -> str:
+    """Why a key of a node is retiring: nothing composed on the node needs it any more (5.2)."""
+    return (
+        f"no build wanted or placed on {node} requires {p.provision} of {p.provider.module} on {p.provider.node} "
+        "any more"
+    )
+
+
 def raise_ask(key: str, p: r.Provision, now: datetime) -> tuple[r.Provision, str]:
     """A retiring key with its ask named, or unchanged and why the ask may not be raised. One raised stands."""
     if p.ask:
         return p, ""
+    return new_ask(key, p, now)
+
+
+def new_ask(key: str, p: r.Provision, now: datetime) -> tuple[r.Provision, str]:
+    """A retiring key with a new ask named in place of any it had, raised now; or unchanged and why it may not be.
+
+    The new ask is raised a second after the one it replaces at the earliest: the same id would be a duplicate
+    message JetStream drops, and the router's record of the old ask would answer it (5.4).
+    """
     unix = int(now.timestamp())
+    before = k.ask_raised_at(p.ask) if p.ask else None
+    if before is not None and before >= unix:
+        unix = before + 1
     ask_id = k.ask_id(key, unix)
-    why = check_ask(retiring_ask(key, p, datetime.fromtimestamp(unix, UTC), ask_id), now)
+    try:
+        why = check_ask(retiring_ask(key, p, datetime.fromtimestamp(unix, UTC), ask_id), now)
+    except (OverflowError, ValueError):  # a time so late its expiry is past the last a datetime holds
+        why = f"the ask {ask_id} expires past the last time a datetime holds"
     if why:
         return p, f"the retiring ask of {key} is not raised: {why}"
     return msgspec.structs.replace(p, ask=ask_id), ""
@@ -148,7 +174,7 @@ def decide(view: View, key: str, now: datetime, verify: Verify | None = None) ->
 
     A chosen option is taken only when the warrant is this module's, for this ask, the option is one the ask
     offered, and its binds is the digest of the act for this key, ask and option; anything else is refused with a
-    why. An ask that ended with no choice is said in the key and asked again at the key's next change.
+    why. An ask that ended with no choice is replaced in the key by a new one, which the asker publishes.
     """
     p, _ = provision_of(view, key)
     if p is None or p.state != r.RETIRING or not p.ask or p.warrant is not None:
@@ -166,19 +192,64 @@ def decide(view: View, key: str, now: datetime, verify: Verify | None = None) ->
         return Decided(f"{key}: the answer is refused: {refused}")
     assert rec.warrant is not None
     w = rec.warrant
-    writes = Writes(view)
     if w.outcome != "chosen":
-        why = f"the ask {p.ask} {w.outcome} with no choice; it is asked again when {key} changes"
-        if p.why == why:
-            return Decided()
-        writes.provision(key, msgspec.structs.replace(p, why=why), now)
-        return Decided(f"{key}: the ask {w.outcome}; asked again when it changes", writes.done())
+        # An ask that ended with no choice is cleared from the key and the key is asked again at once, with a new
+        # ask (5.4; the seeds' Decide clears it and their retiring rule raises one for a key without an ask): a
+        # key that waited for the next change of its node would wait for ever, and never retire.
+        return _ask_again(view, key, p, now, f"the ask {p.ask} {w.outcome} with no choice")
+    writes = Writes(view)
     by = "the operator"
     if w.by is not None:
         by = f"the {w.by.who}, as {w.by.kind} identity {w.by.identity}"
     warrant = r.ProvisionWarrant(ask=p.ask, option=w.option, by=by, at=utc(w.at) if w.at is not None else None)
     writes.provision(key, msgspec.structs.replace(p, warrant=warrant), now)
     return Decided(f"{key}: {w.option} by {by}", writes.done())
+
+
+class Outgoing(msgspec.Struct, frozen=True):
+    """A retiring key's ask as it is about to be published: the ask, or none and what is said and written instead."""
+
+    ask: r.Ask | None = None
+    said: str = ""
+    writes: list[Write] = []
+
+
+def outgoing(view: View, key: str, now: datetime) -> Outgoing:
+    """The ask a retiring key names, checked just before it is published, not only when it was made (5.4).
+
+    One whose expiry passed in between (no router took it for a day, say), or that the key does not make again
+    (an id of another form), is made again: the key is written with a new ask, which goes out in its place. One
+    that fails another check is not published, and why is said.
+    """
+    p, _ = provision_of(view, key)
+    if p is None or p.state != r.RETIRING or not p.ask or p.warrant is not None:
+        return Outgoing()
+    ask = ask_of(key, p)
+    if ask is None:
+        again = _ask_again(view, key, p, now, f"its ask {p.ask!r} is not one this key makes")
+        return Outgoing(None, again.said, again.writes)
+    if ask.expires is not None and ask.expires <= now:
+        again = _ask_again(view, key, p, now, f"the ask {p.ask} expired before it went out")
+        return Outgoing(None, again.said, again.writes)
+    why = check_ask(ask, now)
+    if why:
+        return Outgoing(None, f"{key}: the ask is not published: {why}")
+    return Outgoing(ask)
+
+
+def _ask_again(view: View, key: str, p: r.Provision, now: datetime, because: str) -> Decided:
+    """The key written with a new ask in place of its dead one, and why (5.4); only cleared of the dead one when no
+    new one may be raised, which its node's composition then says."""
+    asked, why = new_ask(key, p, now)
+    if why:
+        asked = msgspec.structs.replace(p, ask="")
+    # The why the key had when it turned retiring (an earlier seat wrote another here).
+    asked = msgspec.structs.replace(asked, why=retiring_why(k.node_of(key), p))
+    writes = Writes(view)
+    writes.provision(key, asked, now)
+    if why:
+        return Decided(f"{key}: {because}, and {why}", writes.done())
+    return Decided(f"{key}: {because}; asked again as {asked.ask}", writes.done())
 
 
 def _written_warrant(raw: bytes) -> Mapping[str, Any] | None:

@@ -1,9 +1,10 @@
 """The seat's verb (contract 9): answering a request for what the seat keeps, from a view of the bus.
 
-A request is `{"what": "plans"|"provisions"|"refused"|"applied"|"collect", "node"?, "module"?, "collection"?}`
-(`what` defaults to `provisions`); the reply is `{"entries": [{"key", "value"}]}`, each value the stored JSON value
-itself (not a string), entries sorted by key, or `{"error": W}` for a request that is not JSON, names an unknown
-`what` or a filter that is not a token (section 1). Read only, and pure: the bus side (`bus/verb.py`) serves it.
+A request is `{"what": "plans"|"provisions"|"refused"|"registry"|"needs"|"applied"|"collect", "node"?, "module"?,
+"collection"?}` (`what` defaults to `provisions`); the reply is `{"entries": [{"key", "value"}]}`, each value the
+stored JSON value itself (not a string), entries sorted by key, or `{"error": W}` for a request that is not JSON,
+names an unknown `what` or a filter that is not a token (section 1). Read only, and pure: the bus side
+(`bus/verb.py`) serves it.
 
 Filters: `node` is a key's first token (for `collect`, its second), `module` the module token after it (a
 provision's consumer); `collection` narrows `collect` (the others ignore it), whose keys are
@@ -19,13 +20,15 @@ from typing import Final
 import msgspec
 
 from mesh_provisioner.rules import keys as k
-from mesh_provisioner.rules.view import APPLIED, COLLECT, PLANS, PROVISIONS, REFUSED, View
+from mesh_provisioner.rules.view import APPLIED, COLLECT, NEEDS, PLANS, PROVISIONS, REFUSED, REGISTRY, View
 
 # What a request may ask for, by the word of contract 9, and the state each reads.
 STATES: Final = {
     "plans": PLANS,
     "provisions": PROVISIONS,
     "refused": REFUSED,
+    "registry": REGISTRY,
+    "needs": NEEDS,
     "applied": APPLIED,
     "collect": COLLECT,
 }

@@ -33,6 +33,7 @@ PLANS: Final = "mesh-provisioner.plans"
 PROVISIONS: Final = "mesh-provisioner.provisions"
 REFUSED: Final = "mesh-provisioner.refused"
 NEEDS: Final = "mesh-provisioner.needs"
+REGISTRY: Final = "mesh-provisioner.registry"
 SEAT: Final = "mesh-provisioner.seat"
 APPLIED: Final = "mesh-provisioner.applied"
 COLLECT: Final = "mesh-provisioner.collect"
@@ -69,6 +70,7 @@ _KINDS: Final[dict[str, type[Any]]] = {
     PROVISIONS: r.Provision,
     REFUSED: r.Refusal,
     SEAT: r.Lease,
+    REGISTRY: r.RegistryEntry,
 }
 
 
@@ -195,11 +197,29 @@ def plan_provisions_of(e: Entry | None) -> tuple[tuple[str, str], ...] | None:
 
 
 def group_of(state: str, key: str) -> str:
-    """The node a key belongs to, for the by-node index: a want's second token, else the first."""
+    """The node a key belongs to, for the by-node index: a placement's whole key, a want's second token, else the
+    first."""
+    if state == PLACEMENT:
+        return key  # `0.bad` is no node, and not node `0` either (section 7)
     if state == WANTS:
         parts = key.split(".")
         return parts[1] if len(parts) == 3 else ""
     return k.node_of(key)
+
+
+def not_a_node(key: str) -> str:
+    """Why a placement key is no node ("" when it is one): a node is a placement key that is one token (section 7)."""
+    if k.is_token(key):
+        return ""
+    return (
+        f"the placement key {key!r} is no node: a node is one token ([A-Za-z0-9_-]+), so none of the modules placed "
+        "under it is composed, counted as placed or chosen as a provider"
+    )
+
+
+def not_nodes(view: View) -> dict[str, str]:
+    """Every placement key that is no node, with why (section 7)."""
+    return {key: why for key in sorted(view.keys(PLACEMENT)) if (why := not_a_node(key))}
 
 
 class MemoryView:
@@ -367,7 +387,8 @@ class MemoryView:
         for index, outer, inner in self._pairs(state, key, entry):
             index[outer][inner].add(key)
         value = entry.value
-        if isinstance(value, r.Placement):
+        if isinstance(value, r.Placement) and k.is_token(key):
+            # Section 7: a placement key that is not one token is no node; its modules are placed nowhere.
             for m in value.modules:
                 self._placed[m.module].add(key)
         elif isinstance(value, r.Provision):

@@ -33,6 +33,6 @@ def test_a_key_nats_py_could_not_parse_is_named_and_the_seat_keeps_its_connectio
     held = mesh.refusal("bee.mailer")
     assert held is not None and "ml9" in held.why
     assert link(sup.nc).reconnects == reconnects and sup.nc.is_connected
-    assert "'a\\x0bb' is not a token" in caplog.text
+    assert "the placement key 'a\\x0bb' is no node" in caplog.text
     assert "c\\xff\\xfed' is not UTF-8" in caplog.text
     assert_fixed_point(mesh)

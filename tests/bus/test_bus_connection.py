@@ -21,6 +21,7 @@ def test_ensure_buckets_makes_the_seats_own_once(loop: EventLoopThread, nc: Clie
         "mesh-provisioner_provisions",
         "mesh-provisioner_refused",
         "mesh-provisioner_needs",
+        "mesh-provisioner_registry",
         "mesh-provisioner_seat",
     ]
     assert loop.run(ensure_buckets(js, SEAT_STATES), 10) == []

@@ -14,9 +14,19 @@ from nats.micro.service import Service
 from mesh_provisioner.bus.cache import Cache
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.verb import SERVICE_NAME, SUBJECT, serve_verb, version
-from mesh_provisioner.rules.view import APPLIED, COLLECT, PLANS, PROVISIONS, REFUSED, MemoryView, bucket
+from mesh_provisioner.rules.view import (
+    APPLIED,
+    COLLECT,
+    NEEDS,
+    PLANS,
+    PROVISIONS,
+    REFUSED,
+    REGISTRY,
+    MemoryView,
+    bucket,
+)
 
-STATES = (PLANS, PROVISIONS, REFUSED, APPLIED, COLLECT)
+STATES = (PLANS, PROVISIONS, REFUSED, REGISTRY, NEEDS, APPLIED, COLLECT)
 
 VALUES: dict[str, dict[str, Any]] = {
     PLANS: {
@@ -33,6 +43,8 @@ VALUES: dict[str, dict[str, Any]] = {
                                    "provider": {"module": "keycloak", "node": "ace"}, "v": 1},
     },
     REFUSED: {"bee.reports": {"node": "bee", "module": "reports", "why": "no placed module provides object-storage"}},
+    REGISTRY: {"default": {"kind": "default", "domain": "example.org"}},
+    NEEDS: {"bee.webapp": {"old": True}},
     APPLIED: {"ace.gitea": {"at": "2026-12-02T17:42:55Z"}},
     COLLECT: {"dns.ace.gitea": {"items": ["git.example"]}, "tls.bee.webapp": {"items": ["app.example"]}},
 }
@@ -93,6 +105,8 @@ def test_each_what_answers_its_state_with_values_as_json(served: Served) -> None
     assert served.keys({"what": "refused"}) == ["bee.reports"]
     assert served.ask({"what": "applied"}) == {"entries": [{"key": "ace.gitea", "value": VALUES[APPLIED]["ace.gitea"]}]}
     assert served.keys({"what": "collect"}) == ["dns.ace.gitea", "tls.bee.webapp"]
+    assert served.ask({"what": "registry"}) == {"entries": [{"key": "default", "value": VALUES[REGISTRY]["default"]}]}
+    assert served.ask({"what": "needs"}) == {"entries": [{"key": "bee.webapp", "value": VALUES[NEEDS]["bee.webapp"]}]}
 
 
 def test_filters(served: Served) -> None:
@@ -108,7 +122,7 @@ def test_filters(served: Served) -> None:
     ("data", "error"),
     [
         (b"plans please", "the request is not JSON"),
-        (b'{"what": "registry"}', "the request asks for 'registry', which is none of"),
+        (b'{"what": "secrets"}', "the request asks for 'secrets', which is none of"),
         (b'{"node": "ace.>"}', "the request's node 'ace.>' is not a token"),
     ],
 )

@@ -9,6 +9,7 @@ dispatcher does (runtime/dispatch.py): a full `settle` after it that still write
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 from collections import deque
@@ -42,6 +43,12 @@ from mesh_provisioner.rules.view import (
 )
 
 NOW = datetime(2026, 12, 3, 5, 0, tzinfo=UTC)
+
+
+def ask_id(key: str, unix: int) -> str:
+    """A retiring key's ask id from contract 5.4's words alone: `retire-<key, . made ->-<unix s>-<h>`, `<h>` the first
+    8 hex digits of the key's SHA-256."""
+    return f"retire-{key.replace('.', '-')}-{unix}-{hashlib.sha256(key.encode('utf-8')).hexdigest()[:8]}"
 
 _revisions = itertools.count(1)
 

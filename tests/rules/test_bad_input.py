@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from mesh import NOW, Mesh, keeper, settle
+from mesh import NOW, Mesh, Woken, keeper, req, settle
 
 from mesh_provisioner.messages import records as r
+from mesh_provisioner.rules import keys as k
 from mesh_provisioner.rules.keys import ask_raised_at
 from mesh_provisioner.rules.node import compose_node, rejudge
+from mesh_provisioner.rules.reads import known_nodes
 from mesh_provisioner.rules.retire import ask_of, decide
 from mesh_provisioner.rules.view import (
     BUILDS,
@@ -21,6 +23,8 @@ from mesh_provisioner.rules.view import (
     RESOLVED,
     WANTS,
     bound,
+    not_a_node,
+    not_nodes,
 )
 
 KEY = "bee.app.postgres-database"
@@ -232,3 +236,78 @@ def test_7_bad_input_ask_id_never_raises(ask: str) -> None:
                     state="retiring", ask=ask)
     assert ask_of(KEY, p) is None
     assert ask_raised_at(ask) is None
+
+
+# ---- the cases section 7 decides ----------------------------------------------------------------------------------
+
+
+def vault_placed_under(*keys: str) -> Mesh:
+    """gitea on ace needs postgres there with a credential of its own; mesh-vault is placed under each key."""
+    m = Mesh()
+    keeper(m, "postgres", "postgres-database")
+    keeper(m, "mesh-vault", "secret")
+    m.module("gitea", "1", requires=[req("postgres-database", "main", "own")])
+    m.place("ace", "postgres", "gitea")
+    for key in keys:
+        m.place(key, "mesh-vault", "postgres")
+    return m
+
+
+@pytest.mark.parametrize("bad", ["0.bad", "", "a b"])
+def test_7_a_placement_key_that_is_not_one_token_is_no_node(bad: str) -> None:
+    m = vault_placed_under(bad, "bee")
+    settle(m.view)
+    # Never chosen as a provider, of a credential either: the vault is on bee, the only node that places it.
+    assert m.provision("ace.gitea.postgres-database-credential.main").provider == r.End("mesh-vault", "bee")
+    assert m.provision("ace.gitea.postgres-database.main").provider == r.End("postgres", "ace")
+    # None of its modules is counted as placed, nor composed: no actor, no plan, no refusal, no key of its own.
+    assert m.view.placed_on("mesh-vault") == ["bee"]
+    assert m.view.placed_on("postgres") == ["ace", "bee"]
+    assert "" not in known_nodes(m.view) and bad not in known_nodes(m.view) and "0" not in known_nodes(m.view)
+    assert {k.node_of(key) for s in (PLANS, PROVISIONS, REFUSED) for key in m.view.keys(s)} <= {"ace", "bee"}
+    res = compose_node(m.view, bad, NOW)
+    assert res.writes == []
+    assert res.composed.problems == [not_a_node(bad)]
+    # Said, with why.
+    assert not_nodes(m.view) == {bad: not_a_node(bad)}
+    assert not_a_node(bad) == (
+        f"the placement key {bad!r} is no node: a node is one token ([A-Za-z0-9_-]+), so none of the modules placed "
+        "under it is composed, counted as placed or chosen as a provider"
+    )
+    assert not_a_node("bee") == ""
+    # A change of it wakes nothing: nothing under it was ever placed.
+    assert m.place(bad, "mesh-vault") == Woken()
+    assert m.delete(PLACEMENT, bad) == Woken()
+
+
+def test_7_a_placement_key_that_is_not_one_token_alone_places_no_vault() -> None:
+    m = vault_placed_under("0.bad")
+    settle(m.view)
+    assert "ace.gitea.postgres-database-credential.main" not in m.states()
+    assert m.view.placed_on("mesh-vault") == []
+
+
+def test_7_a_want_that_does_not_decode_holds_its_module_with_key_and_why_in_refused() -> None:
+    m = db_mesh()
+    m.raw(WANTS, "want.bee.tool", JUNK)
+    settle(m.view)
+    why = m.refusal("bee.tool").why
+    assert why.startswith("its want cannot be read: mesh-assigner.wants want.bee.tool does not decode: ")
+    assert m.view.get(PLANS, "bee.tool") is not None  # its last plan kept as it was
+
+
+@pytest.mark.parametrize("module", ["app", "tool"])
+def test_7_a_resolved_value_that_does_not_decode_holds_its_module_with_key_and_why_in_refused(module: str) -> None:
+    """Held whether or not the module needs a provider chosen (tool needs nothing): never composed on an input the
+    seat could not read."""
+    m = db_mesh()
+    m.raw(RESOLVED, f"bee.{module}", b'{"providers": ["ace"]}')
+    settle(m.view)
+    why = m.refusal(f"bee.{module}").why
+    assert why.startswith(
+        f"mesh-config.resolved bee.{module} cannot be read, so no provider is chosen: mesh-config.resolved "
+        f"bee.{module} does not decode: "
+    )
+    m.raw(RESOLVED, f"bee.{module}", b'{"providers": {}}')
+    settle(m.view)
+    assert m.view.get(REFUSED, f"bee.{module}") is None

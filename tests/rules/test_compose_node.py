@@ -7,7 +7,7 @@ import json
 from datetime import timedelta
 
 import msgspec
-from mesh import NOW, PLANS_READ, Mesh, keeper, req, sample_mesh, settle
+from mesh import NOW, PLANS_READ, Mesh, ask_id, keeper, req, sample_mesh, settle
 
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Delete, Put
@@ -218,7 +218,7 @@ def test_5_2_unneeded_key_turns_retiring_and_the_operator_is_asked() -> None:
     p = m.provision("bee.app.postgres-database")
     assert p.state == "retiring"
     assert p.why == "no build wanted or placed on bee requires postgres-database of postgres on ace any more"
-    assert p.ask == f"retire-bee-app-postgres-database-{UNIX}"
+    assert p.ask == ask_id("bee.app.postgres-database", UNIX)
     assert p.warrant is None
 
 
@@ -512,7 +512,7 @@ def test_5_sample_mesh_shows_every_state() -> None:
     }
     assert m.provision("ace.gitea.postgres-database.main").reference == r.Reference("vault/ace/gitea/pg", 3)
     assert m.provision("bee.webapp.forge-account").depends_on == ("ace.gitea.postgres-database.main",)
-    assert m.provision("bee.oldapp.postgres-database").ask == f"retire-bee-oldapp-postgres-database-{UNIX}"
+    assert m.provision("bee.oldapp.postgres-database").ask == ask_id("bee.oldapp.postgres-database", UNIX)
     assert m.refusal("bee.reports").why == "no placed module provides object-storage"
     assert sorted(m.view.keys(PLANS)) == ["ace.gitea", "ace.keycloak", "ace.mesh-vault", "ace.postgres", "bee.mailer",
                                           "bee.webapp"]

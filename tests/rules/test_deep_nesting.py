@@ -14,6 +14,7 @@ import msgspec
 import pytest
 
 from mesh_provisioner.messages import records as r
+from mesh_provisioner.rules import keys as k
 from mesh_provisioner.rules import verb
 from mesh_provisioner.rules.retire import decide
 from mesh_provisioner.rules.view import APPLIED, ASK_RECORDS, PLACEMENT, PROVISIONS, MemoryView, entry_of
@@ -54,7 +55,8 @@ def test_the_verb_refuses_a_deep_request_and_names_a_deep_value() -> None:
 
 def test_a_deep_record_of_an_ask_is_said_not_readable() -> None:
     view = MemoryView()
-    key, ask = "bee.app.postgres-database", "retire-bee-app-postgres-database-1764000000"
+    key = "bee.app.postgres-database"
+    ask = k.ask_id(key, 1764000000)
     p = r.Provision(provision="postgres-database", consumer=r.End("app", "bee"), provider=r.End("postgres", "ace"),
                     state=r.RETIRING, ask=ask)
     view.put(PROVISIONS, key, r.encode(p), 1)

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 import pytest
-from mesh import NOW, Mesh, keeper, settle
+from mesh import NOW, Mesh, ask_id, keeper, settle
 
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules import keys as k
@@ -16,20 +16,22 @@ from mesh_provisioner.rules.node import compose_node, rejudge
 from mesh_provisioner.rules.retire import (
     ASK_SUBJECT,
     DECIDED_SUBJECT,
+    Outgoing,
     act,
     act_digest,
     ask_of,
     check_ask,
     decide,
+    outgoing,
     raise_ask,
     retiring_ask,
     retiring_keys,
 )
-from mesh_provisioner.rules.view import PROVISIONS
+from mesh_provisioner.rules.view import ASK_RECORDS, PROVISIONS
 
 KEY = "bee.app.postgres-database"
 UNIX = int(NOW.timestamp())
-ASK = f"retire-bee-app-postgres-database-{UNIX}"
+ASK = ask_id(KEY, UNIX)
 LATER = NOW + timedelta(hours=2)
 
 
@@ -76,10 +78,24 @@ def answer(m: Mesh, w: r.Warrant, ask: r.Ask | None = None, state: str = "decide
 
 
 def test_5_4_ask_id_format() -> None:
-    assert k.ask_id("bee.app.postgres-database.main", 1796274000) == "retire-bee-app-postgres-database-main-1796274000"
-    assert k.ask_raised_at("retire-bee-app-postgres-database-main-1796274000") == 1796274000
-    assert k.ask_raised_at("retire-bee-app-postgres-database-main") is None
+    key = "bee.app.postgres-database.main"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:8]
+    assert k.ask_id(key, 1796274000) == f"retire-bee-app-postgres-database-main-1796274000-{digest}"
+    assert k.ask_raised_at(k.ask_id(key, 1796274000)) == 1796274000
+    assert k.ask_raised_at("retire-bee-app-postgres-database-main-1796274000") is None  # no hash: not an ask id
+    assert k.ask_raised_at(f"retire-bee-app-postgres-database-main-{digest}") is None
     assert retiring().provision(KEY).ask == ASK
+
+
+def test_5_4_ask_ids_of_keys_that_differ_only_in_dots_and_dashes_never_collide() -> None:
+    mine, other = k.ask_id("ace.my-app.db", 1796274000), k.ask_id("ace.my.app-db", 1796274000)
+    assert mine != other
+    assert (mine, other) == (ask_id("ace.my-app.db", 1796274000), ask_id("ace.my.app-db", 1796274000))
+    # The ask of one is never the other's, made again from the key.
+    p = r.Provision(provision="db", consumer=r.End("my-app", "ace"), provider=r.End("pg", "ace"), state="retiring",
+                    ask=mine)
+    assert ask_of("ace.my-app.db", p) is not None
+    assert ask_of("ace.my.app-db", p) is None
 
 
 def test_5_4_subjects() -> None:
@@ -289,24 +305,81 @@ def test_5_4_decide_refuses_what_verify_refuses() -> None:
 
 
 @pytest.mark.parametrize("outcome", ["expired", "withdrawn"])
-def test_5_4_ended_with_no_choice_said_in_why_and_not_asked_again_while_nothing_changes(outcome: str) -> None:
+def test_5_4_ask_ended_undecided_is_asked_again(outcome: str) -> None:
     m = retiring()
     answer(m, warrant(outcome=outcome, option=""), state=outcome)
+    again = ask_id(KEY, int(LATER.timestamp()))
     d = decide(m.view, KEY, LATER)
-    assert d.said == f"{KEY}: the ask {outcome}; asked again when it changes"
+    assert d.said == f"{KEY}: the ask {ASK} {outcome} with no choice; asked again as {again}"
+    [put] = d.writes
+    assert (put.state, put.key) == (PROVISIONS, KEY)
     settled = settle(m.view, LATER)
     p = m.provision(KEY)
-    assert (p.state, p.ask, p.warrant) == ("retiring", ASK, None)
-    assert p.why == f"the ask {ASK} {outcome} with no choice; it is asked again when {KEY} changes"
+    # The dead ask is cleared from the key and a new one named in its place: a new id and a new expiry.
+    assert (p.state, p.ask, p.warrant) == ("retiring", again, None)
+    assert p.why == "no build wanted or placed on bee requires postgres-database of postgres on ace any more"
+    ask = ask_of(KEY, p)
+    assert ask is not None and ask.expires == LATER + timedelta(hours=23, minutes=50)
     assert settled.written() == [f"{PROVISIONS} {KEY}"]
-    assert all(not c.retiring_asked for c in settled.composed)
+    # Settled: no retiring key names an ask that ended undecided, and nothing more is written.
+    assert retiring_keys(m.view) == [KEY]
+    assert m.view.get(ASK_RECORDS, again) is None
     assert settle(m.view, LATER + timedelta(days=3)).writes == []
-    # At the key's next change it is asked again.
-    m.place("bee", "app")
+
+
+def test_5_4_ask_ended_undecided_in_the_second_it_was_raised_gets_another_id() -> None:
+    m = retiring()
+    answer(m, warrant(outcome="withdrawn", option=""), state="withdrawn")
+    settle(m.view, NOW)
+    # Raised again in the same second, the id would be the dead ask's: JetStream would drop it as a duplicate.
+    assert m.provision(KEY).ask == ask_id(KEY, UNIX + 1)
+
+
+def test_5_4_ask_ended_undecided_on_a_key_that_names_another_why_restores_its_why() -> None:
+    m = retiring()
+    stale = "the ask expired with no choice; it is asked again when it changes"
+    m.put(PROVISIONS, KEY, msgspec.structs.replace(m.provision(KEY), why=stale))
+    answer(m, warrant(outcome="expired", option=""), state="expired")
     settle(m.view, LATER)
-    m.place("bee")
+    assert m.provision(KEY).why == (
+        "no build wanted or placed on bee requires postgres-database of postgres on ace any more"
+    )
+
+
+def test_5_4_ask_checked_just_before_it_is_published() -> None:
+    m = retiring()
+    out = outgoing(m.view, KEY, LATER)
+    assert (out.ask, out.said, out.writes) == (the_ask(m), "", [])
+    # Its expiry passed before it went out: it is made again, and the new one goes out in its place.
+    late = NOW + timedelta(hours=23, minutes=50)
+    out = outgoing(m.view, KEY, late)
+    again = ask_id(KEY, int(late.timestamp()))
+    assert out.ask is None
+    assert out.said == f"{KEY}: the ask {ASK} expired before it went out; asked again as {again}"
+    [put] = out.writes
+    m.put(PROVISIONS, KEY, r.decode(r.Provision, put.value))
+    out = outgoing(m.view, KEY, late)
+    assert out.ask is not None and out.ask.id == again and out.ask.expires == late + timedelta(hours=23, minutes=50)
+    assert check_ask(out.ask, late) == ""
+
+
+@pytest.mark.parametrize("ask", ["retire-bee-app-postgres-database-1796274000", ask_id("bee.app.other", UNIX)])
+def test_5_4_ask_the_key_does_not_make_is_made_again(ask: str) -> None:
+    m = retiring()
+    m.put(PROVISIONS, KEY, msgspec.structs.replace(m.provision(KEY), ask=ask))
+    out = outgoing(m.view, KEY, LATER)
+    assert out.ask is None
+    again = ask_id(KEY, int(LATER.timestamp()))
+    assert out.said == f"{KEY}: its ask {ask!r} is not one this key makes; asked again as {again}"
+    assert len(out.writes) == 1
+
+
+def test_5_4_outgoing_is_nothing_for_a_key_that_waits_for_no_ask() -> None:
+    m = retiring()
+    answer(m, warrant())
     settle(m.view, LATER)
-    assert m.provision(KEY).ask == f"retire-bee-app-postgres-database-{int(LATER.timestamp())}"
+    assert outgoing(m.view, KEY, LATER) == Outgoing()  # answered: its warrant is in the key
+    assert outgoing(m.view, "bee.app.nothing", LATER) == Outgoing()
 
 
 def test_5_4_declined_is_kept_and_not_asked_again() -> None:

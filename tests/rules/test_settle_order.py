@@ -18,9 +18,9 @@ import os
 import random
 
 from mesh_provisioner.rules.node import compose_node, rejudge
+from mesh_provisioner.rules.reads import known_nodes
 from mesh_provisioner.rules.settle import apply, settle
 from mesh_provisioner.rules.view import PROVISIONS, MemoryView
-from mesh_provisioner.rules.wakes import known_nodes
 from tests.support.differential import compare, expected, inputs_of, off_fixed_point
 from tests.support.meshgen import BOUND_READS, NOW, generate
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from mesh_provisioner.rules.verb import answer
-from mesh_provisioner.rules.view import APPLIED, COLLECT, PLANS, PROVISIONS, REFUSED, MemoryView
+from mesh_provisioner.rules.view import APPLIED, COLLECT, NEEDS, PLANS, PROVISIONS, REFUSED, REGISTRY, MemoryView
 
 PLAN_ACE_GITEA = {"node": "ace", "module": "gitea", "plan": {"provisions": [
     {"provision": "postgres-database", "local": "main", "provider": "ace", "provider-module": "postgres",
@@ -32,6 +32,9 @@ def view() -> MemoryView:
             "ace.mailer.postgres-database.mail": provision("ace", "mailer", "asked"),
         },
         REFUSED: {"bee.reports": {"node": "bee", "module": "reports", "why": "no placed module provides storage"}},
+        REGISTRY: {"forge": {"kind": "forge", "domain": "git.example.org"},
+                   "default": {"kind": "default", "domain": "example.org"}},
+        NEEDS: {"ace.gitea": {"old": True}},
         APPLIED: {"ace.gitea": {"at": "2026-12-02T17:42:55Z"}, "bee.webapp": {"at": "2026-12-02T18:00:00Z"}},
         COLLECT: {
             "dns.ace.gitea": {"items": ["git.example"]},
@@ -114,8 +117,8 @@ def test_filters_narrow_by_node_module_and_collection(request_: dict[str, str], 
         (b"", "the request is not JSON: "),
         (b"[1, 2]", "the request is not an object of what, node, module and collection: Expected `object`"),
         (b'{"what": 3}', "the request is not an object of what, node, module and collection: Expected `str`"),
-        ({"what": "needs"}, "the request asks for 'needs', which is none of plans, provisions, refused, applied, "
-                            "collect"),
+        ({"what": "secrets"}, "the request asks for 'secrets', which is none of plans, provisions, refused, "
+                              "registry, needs, applied, collect"),
         ({"what": ""}, "the request asks for '', which is none of"),
         ({"node": "ace.gitea"}, "the request's node 'ace.gitea' is not a token ([A-Za-z0-9_-]+)"),
         ({"what": "plans", "module": "a b"}, "the request's module 'a b' is not a token"),
@@ -141,3 +144,12 @@ def test_a_stored_value_that_is_not_json_is_named_and_the_rest_answered() -> Non
 def test_an_empty_view_answers_no_entries() -> None:
     for what in ("plans", "provisions", "refused", "applied", "collect"):
         assert ask({"what": what}, MemoryView()) == {"entries": []}
+
+
+def test_9_the_verb_answers_what_registry_and_what_needs() -> None:
+    assert ask({"what": "registry"}) == {"entries": [
+        {"key": "default", "value": {"kind": "default", "domain": "example.org"}},
+        {"key": "forge", "value": {"kind": "forge", "domain": "git.example.org"}},
+    ]}
+    assert ask({"what": "needs"}) == {"entries": [{"key": "ace.gitea", "value": {"old": True}}]}
+    assert ask({"what": "needs"}, MemoryView()) == {"entries": []}

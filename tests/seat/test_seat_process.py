@@ -210,6 +210,63 @@ def test_8_reconcile_waits_for_the_lease_and_gives_up_past_its_timeout(bus: tupl
         stop(a)
 
 
+def reconcile_process(url: str, *args: str) -> subprocess.Popen[str]:
+    """`reconcile` with a lease of 2 s, as a process of its own."""
+    return subprocess.Popen([sys.executable, "-m", "mesh_provisioner", "--nats", url, "--lease-seconds", str(LEASE),
+                             "reconcile", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_8_reconcile_keeps_its_lease_and_settles_1500_nodes_with_a_2_s_lease(nats_server: NatsServer) -> None:
+    """Renewed as `serve` renews it, the lease outlasts a reconcile many times longer (contract 8)."""
+    from benchmarks.mesh import generate, load
+
+    with EventLoopThread() as loop:
+        keys = loop.run(load(nats_server.url, generate(1500)), 120)
+        started = time.monotonic()
+        rec = reconcile_process(nats_server.url, "--timeout", "400")
+        try:
+            out, err = rec.communicate(timeout=450)
+        finally:
+            rec.kill()
+        took = time.monotonic() - started
+        print(f"reconcile of 1,500 nodes ({keys} keys) with a 2 s lease: exit {rec.returncode} in {took:.1f} s")  # noqa: T201
+        assert rec.returncode == 0, err[-3000:]
+        assert out.startswith("settled in "), out
+        assert "could not be renewed" not in err
+        assert revisions(loop, nats_server.url)[PLANS] > 1500
+        assert holder(loop, nats_server.url) is None  # given back cleanly
+
+
+def test_8_a_reconcile_that_loses_its_lease_says_so_and_exits_2_at_once(nats_server: NatsServer) -> None:
+    from benchmarks.mesh import generate, load
+
+    with EventLoopThread() as loop:
+        loop.run(load(nats_server.url, generate(300)), 60)
+        rec = reconcile_process(nats_server.url, "--timeout", "120")
+        try:
+            wait_until(lambda: (h := holder(loop, nats_server.url)) is not None and h.pid == rec.pid, 30, 0.02,
+                       "the reconcile holds the seat")
+
+            async def take_over() -> None:
+                nc = await nats.connect(nats_server.url)
+                try:
+                    kv = await nc.jetstream().key_value(bucket(SEAT))
+                    await kv.put(HOLDER_KEY, r.encode(r.Lease(holder="another", host="elsewhere", pid=1)))
+                finally:
+                    await nc.close()
+
+            loop.run(take_over(), 10)
+            taken = time.monotonic()
+            _, err = rec.communicate(timeout=150)
+            # At once: within its next renewal and the actors' stop, not at its timeout of 120 s.
+            assert time.monotonic() - taken < 15, err[-3000:]
+        finally:
+            rec.kill()
+        assert rec.returncode == 2
+        assert "the seat's lease could not be renewed; the reconcile stops, unfinished" in err, err[-3000:]
+
+
 _last: dict[str, int] = {}
 
 
@@ -337,6 +394,43 @@ def test_9_the_serving_seat_answers_the_verb(bus: tuple[NatsServer, EventLoopThr
         reply = wait_until(answered, 30, 0.1, "the verb answers")
         keys = [e["key"] for e in reply["entries"]]  # type: ignore[attr-defined, union-attr]
         assert keys == ["ace.gitea", "ace.keycloak", "ace.mesh-vault", "ace.postgres"]
+    finally:
+        assert stop(a) == 0
+
+
+def test_9_the_verb_answers_registry_and_needs_with_the_registry_file_from_the_environment(
+    bus: tuple[NatsServer, EventLoopThread], tmp_path: Path
+) -> None:
+    server, loop = bus
+    path = tmp_path / "registry.json"
+    path.write_text('{"default": "example.org", "forge": "git.example.org"}')
+    loop.run(load_states(server.url, {NEEDS: {"ace.gitea": b'{"old": true}'}}), 30)
+    a = subprocess.Popen([sys.executable, "-m", "mesh_provisioner", "--nats", server.url, "--lease-seconds",
+                          str(LEASE), "serve"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env={**os.environ, "MESH_PROVISIONER_REGISTRY": str(path)})
+
+    async def ask(what: str) -> dict[str, object]:
+        nc = await nats.connect(server.url)
+        try:
+            msg = await nc.request("mesh-provisioner.provisioning", json.dumps({"what": what}).encode(), timeout=2)
+            return json.loads(msg.data)  # type: ignore[no-any-return]
+        finally:
+            await nc.close()
+
+    def answered() -> dict[str, object] | None:
+        try:
+            reply = loop.run(ask("registry"), 5)
+        except Exception:
+            return None  # not serving yet
+        return reply if reply.get("entries") else None
+
+    try:
+        reply = wait_until(answered, 30, 0.1, "the verb answers the registry")
+        assert reply == {"entries": [
+            {"key": "default", "value": {"kind": "default", "domain": "example.org"}},
+            {"key": "forge", "value": {"kind": "forge", "domain": "git.example.org"}},
+        ]}
+        assert loop.run(ask("needs"), 5) == {"entries": []}  # emptied when the seat was taken
     finally:
         assert stop(a) == 0
 
