@@ -47,9 +47,11 @@ class Dispatcher:
         is down, waiting for its restart): `kick` is then called again by `restarted`."""
         self._kick = kick
         self._lock = threading.Lock()
-        self._reads: dict[Judgment, frozenset[Token]] = {}
+        # Kept small, a key's judgment each (design.md: 2 KiB a key): a read set as a tuple, and a token's readers as
+        # the one judgment that most tokens have, a set only once there are more.
+        self._reads: dict[Judgment, tuple[Token, ...]] = {}
         self._began: dict[Judgment, int] = {}  # the change count each judgment's last run began reading at
-        self._readers: dict[Token, set[Judgment]] = {}
+        self._readers: dict[Token, Judgment | set[Judgment]] = {}
         self._queued: dict[Judgment, str] = {}
         self._pending: dict[str, dict[Judgment, float]] = {}  # by actor, in the order queued, each its first wake
         self._running: dict[Judgment, _Run] = {}
@@ -85,8 +87,12 @@ class Dispatcher:
             woken: set[Judgment] = set()
             for t in tokens:
                 readers = self._readers.get(t)
-                if readers:
+                if readers is None:
+                    continue
+                if isinstance(readers, set):
                     woken |= readers
+                else:
+                    woken.add(readers)
             for j in woken - mine:
                 # A run that began reading after this change was counted has read it already.
                 if j not in self._running and not (count and self._began.get(j, 0) >= count):
@@ -211,18 +217,27 @@ class Dispatcher:
 
     def _index(self, j: Judgment, reads: Iterable[Token]) -> None:
         new = frozenset(reads)
-        old = self._reads.get(j)
-        if old == new:
+        kept = self._reads.get(j)
+        old = frozenset(kept) if kept is not None else frozenset()
+        if kept is not None and old == new:
             return
-        self._reads[j] = new
-        for t in old - new if old is not None else ():
+        self._reads[j] = tuple(new)
+        for t in old - new:
             readers = self._readers.get(t)
-            if readers is not None:
+            if readers == j:
+                del self._readers[t]
+            elif isinstance(readers, set):
                 readers.discard(j)
-                if not readers:
-                    del self._readers[t]
-        for t in new - old if old is not None else new:
-            self._readers.setdefault(t, set()).add(j)
+                if len(readers) == 1:
+                    self._readers[t] = next(iter(readers))
+        for t in new - old:
+            readers = self._readers.get(t)
+            if readers is None:
+                self._readers[t] = j
+            elif isinstance(readers, set):
+                readers.add(j)
+            elif readers != j:
+                self._readers[t] = {readers, j}
 
     # ---- the seat's own writes ------------------------------------------------------------------------------
 
@@ -262,4 +277,4 @@ class Dispatcher:
     def read_sets(self) -> dict[Judgment, frozenset[Token]]:
         """Each judgment's last read set (a copy), for tests and status."""
         with self._lock:
-            return dict(self._reads)
+            return {j: frozenset(reads) for j, reads in self._reads.items()}
