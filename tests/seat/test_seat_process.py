@@ -203,9 +203,11 @@ def test_8_reconcile_waits_for_the_lease_and_gives_up_past_its_timeout(bus: tupl
     try:
         wait_until(lambda: (h := holder(loop, server.url)) is not None and h.pid == a.pid, 30, 0.05, "a holds")
         rec = subprocess.run([sys.executable, "-m", "mesh_provisioner", "--nats", server.url, "--lease-seconds",
-                              str(LEASE), "reconcile", "--timeout", "1"], capture_output=True, text=True, timeout=60)
+                              str(LEASE), "reconcile", "--wait", "--timeout", "1"], capture_output=True, text=True,
+                             timeout=60)
         assert rec.returncode == 2
-        assert "another process holds the seat" in rec.stderr
+        assert f"another process holds the seat (pid {a.pid} on " in rec.stderr
+        assert "still after 1 s" in rec.stderr
     finally:
         stop(a)
 
@@ -251,9 +253,14 @@ def test_4_metrics_and_health_scraped_over_http(bus: tuple[NatsServer, EventLoop
         # A standby is alive but not ready, and says why.
         b = seat(server.url, "serve", metrics=port_b)
         wait_until(lambda: _get(f"http://127.0.0.1:{port_b}/healthz")[0] == 200, 30, 0.05, "b is alive")
-        status, why = _get(f"http://127.0.0.1:{port_b}/readyz")
+        # Alive from the start, b says what it waits for: connecting, then the lease.
+        def standby() -> tuple[int, str] | None:
+            got = _get(f"http://127.0.0.1:{port_b}/readyz")
+            return got if "standby" in got[1] else None
+
+        status, _ = wait_until(standby, 30, 0.05, "b waits for the lease")
         assert status == 503
-        assert "standby" in why
+        assert _get(f"http://127.0.0.1:{port_b}/healthz")[0] == 200
         assert _sample(_get(f"http://127.0.0.1:{port_b}/metrics")[1], "mesh_provisioner_seat_held") == 0.0
     finally:
         if b is not None:
