@@ -6,7 +6,6 @@ Each test runs `python -m mesh_provisioner` as real processes against a real nat
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,7 +14,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import nats
 import nats.js.errors
@@ -285,40 +283,6 @@ def test_4_json_logs_one_object_per_line(bus: tuple[NatsServer, EventLoopThread]
     assert lines
     assert all({"time", "level", "logger", "message"} <= set(line) for line in lines)
     assert any(line["logger"] == "mesh_provisioner.actors.node" and "composed" in line["message"] for line in lines)
-
-
-def readme_command(which: int) -> str:
-    """The README's first (0: run) or second (1: test) set-up command, exactly as written."""
-    text = (Path(__file__).parents[2] / "README.md").read_text()
-    blocks = [b.split("```", 1)[0].strip() for b in text.split("```sh\n")[1:]]
-    return blocks[which]
-
-
-@pytest.mark.slow
-def test_4_demo_from_a_fresh_virtualenv_exactly_as_the_readme_says(tmp_path: Path) -> None:
-    root = Path(__file__).parents[2]
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=root, capture_output=True,
-                           text=True, check=True).stdout.split()
-    copy = tmp_path / "checkout"
-    for name in files:
-        src = root / name
-        if src.is_file():
-            (copy / name).parent.mkdir(parents=True, exist_ok=True)
-            (copy / name).write_bytes(src.read_bytes())
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-    demo = subprocess.run(["bash", "-c", readme_command(0)], cwd=copy, capture_output=True, text=True,
-                          timeout=600, env=env)
-    assert demo.returncode == 0, demo.stderr[-3000:]
-    for state in ("provided", "asked", "waits", "failed", "retiring"):
-        assert f"  {state}  " in demo.stdout, state
-    assert "no placed module provides object-storage" in demo.stdout  # a held module
-    assert "published ask retire-bee-oldapp-postgres-database" in demo.stderr  # the retiring key's ask
-
-
-def test_readme_test_command_is_what_ci_runs() -> None:
-    ci = (Path(__file__).parents[2] / ".ci" / "run").read_text()
-    assert readme_command(1).replace(" -q", "") in ci.replace(" -q", "")
-
 
 
 def test_9_the_serving_seat_answers_the_verb(bus: tuple[NatsServer, EventLoopThread]) -> None:
