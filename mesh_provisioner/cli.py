@@ -138,7 +138,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _shown(value: object) -> str:
-    return ",".join(value) if isinstance(value, tuple) else str(value)
+    """A setting as it is written on the command line."""
+    if isinstance(value, tuple):
+        return ",".join(value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def common_options() -> _Parser:

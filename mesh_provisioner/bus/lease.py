@@ -95,6 +95,9 @@ class SeatLease:
             return ""
         config = info.config
         config.max_age = self.seconds
+        # JetStream keeps a stream's window of duplicates within its max age.
+        if config.duplicate_window and config.duplicate_window > self.seconds:
+            config.duplicate_window = self.seconds
         try:
             await js.update_stream(config)
         except nats.js.errors.APIError as err:
