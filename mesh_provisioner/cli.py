@@ -244,7 +244,9 @@ def settings(args: argparse.Namespace) -> Settings:
     if form not in LOG_FORMATS:
         raise Refused(f"{given['log_format']}={form}: the log format is text or json")
     config = Config(**values)
-    for field, why in config.problems():
+    problems = config.problems()
+    if problems:
+        field, why = problems[0]
         source, shown = given.get(field, field), _shown(getattr(config, field))
         raise Refused(f"{source} {shown}: {why}" if source.startswith("--") else f"{source}={shown}: {why}")
     if not level:
