@@ -34,20 +34,14 @@ def _lost(runs: list[dict[str, Any]], what: str = "lost") -> str:
 
 def render(data: dict[str, Any]) -> str:
     """The markdown of a run of the runner."""
+    lost = sum(len(run["lost"]) + len(run.get("errors", [])) for s in data["scenarios"].values() for run in s["runs"])
     lines = [
         "# Reliability figures",
         "",
-        "What the seat does under faults, load and bad input: each scenario of the fault runner (`faults/`) runs the "
-        "seat on nats-servers of its own on 127.0.0.1, injects its faults during a seeded stream of changes, and "
-        "ends with the same check. Once settled, the bus is at a fixed point (a fresh seat writes nothing), every "
-        "plan, needed (non-retiring) provision and refusal equals that of an undisturbed seat given the same changes "
-        "(`at`, `v` and `since` aside), no ask was published twice (each `Nats-Msg-Id` once in the router's "
-        "stream), the seat still answers (its verb, or a composition asked of it), and no exception escaped an "
-        "actor (no ERROR record of the `pykka` or `mesh_provisioner` loggers but the deliberate kills'). "
-        "**Lost** counts what the first four found; **errors escaped** the last.",
-        "",
-        f"Produced by `{data['command']}` (seed {data['seed']}, {data['runs']} run(s) of each scenario, run *i* with "
-        f"seed {data['seed']}+*i*) on {data['started']}, in {data['took_seconds']:.0f} s; {data['machine']}.",
+        "What the seat does when things go wrong, and what it lost"
+        + (": nothing." if not lost else f": **{lost}** finding(s), below.")
+        + " Each scenario below breaks something (actors, the server, a cluster, the seat process, the input) "
+        "while a stream of changes runs through the seat, then checks the bus once the seat settled again.",
         "",
         "| scenario | faults injected (per run) | changes (per run) | settle after the last fault: median | worst "
         "| lost | errors escaped |",
@@ -60,16 +54,33 @@ def render(data: dict[str, Any]) -> str:
         median, worst = _seconds([run["settle_seconds"] for run in runs if run["settle_seconds"] is not None])
         lines.append(f"| {name} | {_span(faults)} {s['faults']} | {_span(changes)} | {median} | {worst} | "
                      f"{_lost(runs)} | {_lost(runs, 'errors')} |")
+    lines += [
+        "",
+        f"![After each kind of fault, the time until the seat settled again: one dot a run, {data['runs']} runs each]"
+        "(reliability.png)",
+        "",
+        "**Settle** runs from the last fault (or the last change, when it came later) until the disturbed seat is "
+        "settled: every change on the bus in its cache, every mailbox empty, no write pending (for the seat "
+        "processes of *sigkill*: until their bus holds what the undisturbed one holds and stops moving). **Lost** "
+        "counts what the checks found missing or wrong; **errors escaped** counts exceptions that escaped an actor.",
+        "",
+        "The checks, the same for every scenario, on nats-servers of the fault runner's own on 127.0.0.1: once "
+        "settled, the bus is at a fixed point (a fresh seat writes nothing), every plan, needed (non-retiring) "
+        "provision and refusal equals that of an undisturbed seat given the same changes (`at`, `v` and `since` "
+        "aside), no ask was published twice (each `Nats-Msg-Id` once in the router's stream), the seat still answers "
+        "(its verb, or a composition asked of it), and no exception escaped an actor (no ERROR record of the `pykka` "
+        "or `mesh_provisioner` loggers but the deliberate kills').",
+        "",
+        f"Produced by `{data['command']}` (seed {data['seed']}, {data['runs']} run(s) of each scenario, run *i* with "
+        f"seed {data['seed']}+*i*) on {data['started']}, in {data['took_seconds']:.0f} s; {data['machine']}. The "
+        "picture: `python -m benchmarks.plots --reliability docs/reliability.json --out docs`.",
+    ]
     pure = [run["figures"].get("pure_inputs", 0) for s in data["scenarios"].values() for run in s["runs"]]
     if any(pure):
         lines += ["", f"Bad input also went through the pure rules: {sum(pure):,} hypothesis-generated values in all "
                       "(each put in a view of the sample mesh, what it wakes composed, judged and decided, every write "
                       "checked, every 500th settled whole)."]
     lines += [
-        "",
-        "The time to settle runs from the last fault (or the last change, when it came later) until the disturbed "
-        "seat is settled: every change on the bus in its cache, every mailbox empty, no write pending (for the "
-        "seat processes of *sigkill*: until their bus holds what the undisturbed one holds and stops moving).",
         "",
         "## Running it again",
         "",

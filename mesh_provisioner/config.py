@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import math
 from typing import Final
+from urllib.parse import urlsplit
 
 import msgspec
 
+from mesh_provisioner.rules.keys import is_token
+from mesh_provisioner.rules.signature import BadKey, parse_key
 from mesh_provisioner.rules.view import DEFAULT_BOUND_READS
 
 # The bus calls one piece of an actor's work makes one after another, at most: a batch of writes opens its bucket,
 # gathers its acknowledgements, and makes a create again on a delete marker (the marker read, the write made).
 CALLS_PER_WORK: Final = 4
+# The shortest lease time a seat takes (contract section 8): the holder renews every quarter of it and stops writing a
+# fifth of it early, so below this a renewal's round trip on a busy bus would lose the lease it renews.
+MIN_LEASE_SECONDS: Final = 2.0
+# JetStream keeps a bucket on at most five servers.
+MAX_REPLICAS: Final = 5
+# The URL schemes a NATS client speaks; a URL with none is nats://.
+NATS_SCHEMES: Final = ("nats", "tls", "ws", "wss")
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True):
@@ -67,7 +78,66 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
         never in the actor's wait, which would crash the actor."""
         return self.request_timeout * CALLS_PER_WORK
 
+    def problems(self) -> list[tuple[str, str]]:
+        """What is wrong with this configuration, as (field, why), found before anything connects; [] when nothing.
+
+        A seat started on a wrong setting fails in ways far from its cause (a lease of 0 s that never ages out, a
+        negative bound taken as none), so each is refused up front with what it must be.
+        """
+        out: list[tuple[str, str]] = []
+        servers = self.servers()
+        if not servers:
+            out.append(("nats", "names no server: give a URL such as nats://127.0.0.1:4222"))
+        for url in servers:
+            why = url_problem(url)
+            if why:
+                out.append(("nats", why if len(servers) == 1 else f"{url}: {why}"))
+        bad = [p for p in self.bound_reads if not is_token(p)]
+        if bad:
+            out.append(("bound_reads", f"{', '.join(map(repr, bad))}: a provider is one token ([A-Za-z0-9_-]+)"))
+        if self.max_parallel < 0:
+            out.append(("max_parallel", "must be 0 (no bound) or more"))
+        if not math.isfinite(self.lease_seconds) or self.lease_seconds < MIN_LEASE_SECONDS:
+            out.append(("lease_seconds", f"the lease time must be at least {MIN_LEASE_SECONDS:g} seconds"))
+        if not 1 <= self.replicas <= MAX_REPLICAS:
+            out.append(("replicas", f"JetStream keeps a bucket on 1 to {MAX_REPLICAS} servers"))
+        if self.metrics_addr:
+            out += [("metrics_addr", why) for why in [addr_problem(self.metrics_addr)] if why]
+        if self.router_key:
+            try:
+                parse_key(self.router_key)
+            except BadKey as err:
+                out.append(("router_key", str(err)))
+        if self.password and not self.user:
+            out.append(("password", "a password needs a user"))
+        if self.tls_key and not self.tls_cert:
+            out.append(("tls_key", "a client key needs its certificate (--tls-cert)"))
+        return out
+
     def servers(self) -> list[str]:
         """The server URLs to connect to."""
         urls = self.nats.split(",") if isinstance(self.nats, str) else list(self.nats)
         return [u.strip() for u in urls if u.strip()]
+
+
+def url_problem(url: str) -> str:
+    """Why a server URL is not one a NATS client can connect to ("" when it is)."""
+    parts = urlsplit(url if "://" in url else f"nats://{url}")
+    if parts.scheme not in NATS_SCHEMES:
+        return (f"not a NATS URL: {parts.scheme}:// is the wrong scheme, the seat speaks NATS "
+                f"({', '.join(s + '://' for s in NATS_SCHEMES)}), as in nats://127.0.0.1:4222")
+    try:
+        parts.port  # noqa: B018 - urlsplit checks the port only when it is read
+    except ValueError as err:
+        return str(err)
+    if not parts.hostname:
+        return "names no host"
+    return ""
+
+
+def addr_problem(addr: str) -> str:
+    """Why a `host:port` to listen on is not one ("" when it is); the host may be empty (127.0.0.1)."""
+    _, colon, port = addr.rpartition(":")
+    if not colon or not port.isdigit() or not 0 <= int(port) <= 65535:
+        return "not host:port (such as 127.0.0.1:9464, or 0.0.0.0:9464 for every interface)"
+    return ""

@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make
 
 log = logging.getLogger("mesh_provisioner.metrics")
 
+# What the HTTP endpoint serves; any other path is 404.
+PATHS = ("/metrics", "/healthz", "/readyz")
 # From a change on the bus to the write it causes: the seat aims at well under 100 ms.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -66,15 +68,22 @@ class HttpEndpoint:
 
         def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
             path = environ.get("PATH_INFO", "")
+            if path == "/metrics":
+                return metrics_app(environ, start_response)  # type: ignore[no-any-return]
             check = {"/healthz": healthy, "/readyz": ready}.get(path)
             if check is None:
-                return metrics_app(environ, start_response)  # type: ignore[no-any-return]
+                # A probe or scraper pointed at a wrong path is told so, not given 200 and the metrics.
+                start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+                return [f"no such path {path}: this serves {', '.join(PATHS)}\n".encode()]
             why = check()
             status = "503 Service Unavailable" if why else "200 OK"
             start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
             return [(why or "ok").encode() + b"\n"]
 
-        self.server = make_server(host or "127.0.0.1", int(port), app, _ThreadingWSGIServer, _QuietHandler)
+        try:
+            self.server = make_server(host or "127.0.0.1", int(port), app, _ThreadingWSGIServer, _QuietHandler)
+        except OSError as err:
+            raise RuntimeError(f"cannot serve metrics on {addr}: {err.strerror or err}") from None
         self.port = self.server.server_port
         self.thread = threading.Thread(target=self.server.serve_forever, name="mesh-provisioner-http", daemon=True)
         self.thread.start()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 from collections.abc import Callable
 from typing import Final
@@ -16,7 +17,13 @@ from typing import Final
 from nats.aio.client import Client
 from nats.micro.service import Service
 
-from mesh_provisioner.bus.connection import closed_for_good, config_buckets_wait, connect_config, ensure_config_buckets
+from mesh_provisioner.bus.connection import (
+    closed_for_good,
+    config_buckets_wait,
+    connect_config,
+    ensure_config_buckets,
+    open_bus,
+)
 from mesh_provisioner.bus.lease import SeatLease
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.verb import serve_verb
@@ -79,27 +86,52 @@ class LeaseKeeper:
 class Seat:
     """One seat process: a connection, its lease, and a supervisor while the lease is held."""
 
-    def __init__(self, config: Config, *, on_hold: Callable[[Supervisor | None], None] | None = None) -> None:
+    def __init__(self, config: Config, *, on_hold: Callable[[Supervisor | None], None] | None = None,
+                 connect_within: float | None = None) -> None:
+        """Serve metrics and health (when configured), then connect: for `connect_within` seconds at most
+        (math.inf: until it connects or a signal's handler interrupts; None: three request timeouts)."""
         self.config = config
-        self.loop = EventLoopThread()
-        self.nc: Client = self.loop.run(connect_config(config), config.request_timeout * 3)
-        self.loop.run(ensure_config_buckets(self.nc, config), config_buckets_wait(config))
-        # The lease is kept on a connection of its own: on the seat's, a renewal's answer waits behind every change
-        # the server is sending the cache (a large mesh's first load is seconds of them), past a short lease.
-        self.lease_nc: Client = self.loop.run(connect_config(config, name=LEASE_CONNECTION),
-                                              config.request_timeout * 3)
-        self.lease = SeatLease(self.lease_nc, config.lease_seconds)
         self.supervisor: Supervisor | None = None
         self.on_hold = on_hold or (lambda _: None)
         self.metrics = Metrics()
-        self.metrics.seat_held.set_function(lambda: 1.0 if self.lease.held else 0.0)
+        self.connected = False
+        self.waiting = f"connecting to {', '.join(config.servers())}"
+        self.nc: Client
+        self.lease_nc: Client
+        self.lease: SeatLease
+        self.metrics.seat_held.set_function(lambda: 1.0 if self.connected and self.lease.held else 0.0)
+        # Served from the start: a process still connecting is alive (/healthz) and says what it waits for (/readyz).
         self.http: HttpEndpoint | None = None
         if config.metrics_addr:
             self.http = HttpEndpoint(config.metrics_addr, self.metrics.registry, healthy=self.healthy, ready=self.ready)
+        self.loop = EventLoopThread()
+        try:
+            within = config.request_timeout * 3 if connect_within is None else connect_within
+            wait = None if math.isinf(within) else within + config.request_timeout
+            self.nc = self.loop.run(open_bus(config, within, self._said), wait)
+            self.waiting = f"creating the seat's buckets on {', '.join(config.servers())}"
+            self.loop.run(ensure_config_buckets(self.nc, config), config_buckets_wait(config))
+            # The lease is kept on a connection of its own: on the seat's, a renewal's answer waits behind every
+            # change the server is sending the cache (a large mesh's first load is seconds of them), past a short lease.
+            self.lease_nc = self.loop.run(connect_config(config, name=LEASE_CONNECTION), config.request_timeout * 3)
+            self.lease = SeatLease(self.lease_nc, config.lease_seconds)
+            changed = self.loop.run(self.lease.ensure_age(), config.request_timeout)
+            if changed:
+                log.warning("%s", changed)
+            self.connected = True
+        except BaseException:
+            self.close()
+            raise
+
+    def _said(self, why: str) -> None:
+        """What connecting last met, for /readyz."""
+        self.waiting = f"connecting to {', '.join(self.config.servers())}: {why}"
 
     def healthy(self) -> str:
         """Why this process is not alive and well ("" when it is): its supervisor gave up, or its connection is closed
-        for good (a standby's too: it would wait for the lease for ever)."""
+        for good (a standby's too: it would wait for the lease for ever). A process still connecting is alive."""
+        if not self.connected:
+            return ""
         sup = self.supervisor
         if sup is not None and sup.failed.done() and sup.failed.result():
             return sup.failed.result()
@@ -110,9 +142,11 @@ class Seat:
         return closed_for_good(self.nc) or closed_for_good(self.lease_nc)
 
     def ready(self) -> str:
-        """Why this process is not doing the seat's work ("" when it is): the lease held and the cache synced."""
+        """Why this process is not doing the seat's work ("" when it is): connected, lease held, cache synced."""
+        if not self.connected:
+            return self.waiting
         if not self.lease.held:
-            return "this process does not hold the seat's lease (a standby)"
+            return "this process does not hold the seat's lease (a standby): it waits for the lease"
         sup = self.supervisor
         if sup is None or not sup.cache.synced:
             return "the cache is not synchronised yet"
@@ -130,11 +164,11 @@ class Seat:
                     return True
             except Exception as err:  # the bus may be out of reach: keep waiting, as a standby does
                 log.warning("the seat's lease cannot be asked for: %s", err)
+            if timeout is not None and waited >= timeout:
+                return False
             if not announced:
                 log.info("another process holds the seat: waiting as a standby")
                 announced = True
-            if timeout is not None and waited >= timeout:
-                return False
             stop.wait(every)
             waited += every
         return False
@@ -208,10 +242,14 @@ class Seat:
         """Give the lease back, close the connection, stop serving metrics."""
         if self.http is not None:
             self.http.stop()
+            self.http = None
         try:
-            self.loop.run(self.lease.give_back(), self.config.request_timeout)
-            self.loop.run(self.lease_nc.close(), self.config.request_timeout)
-            self.loop.run(self.nc.close(), self.config.request_timeout)
+            if self.connected:
+                self.loop.run(self.lease.give_back(), self.config.request_timeout)
+            for nc in (getattr(self, "lease_nc", None), getattr(self, "nc", None)):
+                if nc is not None:
+                    self.loop.run(nc.close(), self.config.request_timeout)
         except Exception as err:  # closing on a bus that is gone: nothing left to give back
             log.debug("the seat did not close cleanly: %s", err)
+        self.connected = False
         self.loop.stop()

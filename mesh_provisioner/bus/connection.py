@@ -17,9 +17,13 @@ is waited for (see `cache.py`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 import re
+import socket
 import ssl
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
@@ -221,11 +225,20 @@ async def connect(servers: list[str], **options: Any) -> Client:
     `options` go to nats-py's `Client.connect`; callbacks given there are called after this module's own.
     """
     nc = Client()
+    await _connect(nc, servers, options)
+    return nc
+
+
+async def _connect(nc: Client, servers: list[str], options: dict[str, Any]) -> None:
+    """Connect `nc` as `connect` says."""
     tie = link(nc)
     theirs_disconnected: Callback | None = options.pop("disconnected_cb", None)
     theirs_reconnected: Callback | None = options.pop("reconnected_cb", None)
     theirs_closed: Callback | None = options.pop("closed_cb", None)
     theirs_error: Callable[[Exception], Awaitable[None]] | None = options.pop("error_cb", None)
+    where = ", ".join(servers)
+    said = _Said()
+    made = [False]  # whether it ever connected: a client that never did has no connection to close
 
     async def disconnected() -> None:
         if not nc.is_closed:
@@ -241,13 +254,16 @@ async def connect(servers: list[str], **options: Any) -> Client:
             await theirs_reconnected()
 
     async def closed() -> None:
-        log.info("the NATS connection is closed")
+        if made[0]:
+            log.info("the NATS connection is closed")
         await tie.closed()
         if theirs_closed is not None:
             await theirs_closed()
 
     async def error(err: Exception) -> None:
-        log.info("NATS: %s", err or type(err).__name__)
+        # Every error nats-py reports is one the operator may have to act on (a server out of reach, credentials
+        # refused, a permission missing): a warning that says what to do, once while it stays the same.
+        said.warn(explain(err, where))
         if theirs_error is not None:
             await theirs_error(err)
 
@@ -261,9 +277,98 @@ async def connect(servers: list[str], **options: Any) -> Client:
         error_cb=error,
         **options,
     )
+    made[0] = True
     tie.watch_reader()
     log.info("connected to NATS at %s", nc.connected_url.netloc if nc.connected_url else servers)
+
+
+class _Said:
+    """A warning said once while it stays the same, and again every `AGAIN` seconds."""
+
+    AGAIN: Final = 60.0
+
+    def __init__(self) -> None:
+        self.last = ""
+        self.at = 0.0
+
+    def warn(self, why: str) -> None:
+        now = time.monotonic()
+        if why != self.last or now - self.at >= self.AGAIN:
+            log.warning("%s", why)
+            self.last, self.at = why, now
+
+
+class NotConnected(ConnectionError):
+    """The bus could not be reached, or cannot serve the seat; the message says why and what to do."""
+
+
+def explain(err: BaseException, where: str) -> str:
+    """What an error of connecting to `where` (its URL or URLs) means, and what to do about it, in one line."""
+    if isinstance(err, ConnectionRefusedError):
+        return f"nothing listens at {where} (connection refused): is nats-server running there, on that port?"
+    if isinstance(err, socket.gaierror):
+        return f"the host of {where} is not known ({err.strerror}): check the URL given to --nats"
+    if isinstance(err, nats.errors.AuthorizationError):
+        return (f"{where} refused this client (authorization violation): check --user and --password, --token, "
+                "--creds or --nkey")
+    if isinstance(err, ssl.SSLError):
+        return f"TLS with {where} failed ({err.reason or err}): check --tls-ca, --tls-cert and --tls-key"
+    if isinstance(err, asyncio.TimeoutError | TimeoutError | nats.errors.TimeoutError):
+        return f"{where} did not answer in time: is the host reachable, and is a nats-server listening there?"
+    if isinstance(err, OSError):
+        return f"cannot reach {where}: {err.strerror or err}"
+    return f"NATS at {where}: {str(err) or type(err).__name__}"
+
+
+async def connect_within(servers: list[str], options: dict[str, Any], within: float,
+                         said: Callable[[str], None] | None = None) -> Client:
+    """`connect`, trying the servers again and again for `within` seconds at most (math.inf: until cancelled).
+
+    Each failed try is logged as a warning and told to `said`; past `within`, NotConnected says the last why. Once
+    connected the client reconnects for ever, as `connect`'s does.
+    """
+    nc = Client()
+    where = ", ".join(servers)
+    last = [f"{where} did not answer"]
+    theirs: Callable[[Exception], Awaitable[None]] | None = options.get("error_cb")
+
+    async def failed(err: Exception) -> None:
+        last[0] = explain(err, where)
+        if said is not None:
+            said(last[0])
+        if theirs is not None:
+            await theirs(err)
+
+    try:
+        attempt = _connect(nc, servers, {**options, "error_cb": failed})
+        await (attempt if math.isinf(within) else asyncio.wait_for(attempt, within))
+    except BaseException as err:
+        with contextlib.suppress(Exception):
+            await nc.close()
+        if isinstance(err, asyncio.TimeoutError | nats.errors.NoServersError):
+            raise NotConnected(f"{last[0]} (tried for {within:g} s)") from None
+        raise
     return nc
+
+
+async def jetstream_problem(nc: Client, timeout: float = 5.0) -> str:
+    """Why JetStream cannot serve the seat on this connection ("" when it can, or when that cannot be told).
+
+    The server's INFO says whether it runs JetStream; one that does not may still reach JetStream through its
+    cluster, so it is asked once (a denied request times out, and says nothing either way).
+    """
+    info = getattr(nc, "_server_info", None) or {}
+    if info.get("jetstream"):
+        return ""
+    try:
+        await nc.jetstream(timeout=timeout).account_info()
+    except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError):
+        url = nc.connected_url.geturl() if nc.connected_url else "the server"
+        return (f"JetStream is not enabled on {url}: start nats-server with -js (or a jetstream block in its "
+                "configuration); the seat keeps its states in JetStream key-value buckets")
+    except Exception as err:  # no answer, or no permission to ask: JetStream is found out by its first use
+        log.debug("JetStream could not be asked about: %s", err)
+    return ""
 
 
 async def open_bucket(js: JetStreamContext, state: str) -> tuple[KeyValue, api.StreamInfo]:
@@ -376,3 +481,13 @@ def connect_options(config: Config) -> dict[str, Any]:
 async def connect_config(config: Config, *, name: str = "mesh-provisioner") -> Client:
     """A connection to the servers of a config, with its credentials, under a client name."""
     return await connect(config.servers(), name=name, **connect_options(config))
+
+
+async def open_bus(config: Config, within: float, said: Callable[[str], None] | None = None) -> Client:
+    """A connection to the servers of a config (`connect_within`) that JetStream serves; NotConnected says why not."""
+    nc = await connect_within(config.servers(), connect_options(config), within, said)
+    why = await jetstream_problem(nc, min(config.request_timeout, 5.0))
+    if why:
+        await nc.close()
+        raise NotConnected(why)
+    return nc

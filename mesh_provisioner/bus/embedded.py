@@ -60,13 +60,18 @@ def _stopped(pid: int) -> bool:
 
 
 class EmbeddedServer:
-    """One nats-server with JetStream on 127.0.0.1; restartable on the same port and store."""
+    """One nats-server with JetStream on 127.0.0.1; restartable on the same port and store.
 
-    def __init__(self, store: Path | None = None, port: int = 0, *, config: Path | None = None) -> None:
+    `jetstream=False` runs it without JetStream, as a server started without `-js` runs (the seat must say so).
+    """
+
+    def __init__(self, store: Path | None = None, port: int = 0, *, config: Path | None = None,
+                 jetstream: bool = True) -> None:
         self._tmp = None if store is not None else tempfile.TemporaryDirectory(prefix="mesh-provisioner-nats-")
         self.store = store if store is not None else Path(self._tmp.name if self._tmp else ".")
         self.port = port or free_port()
         self.config = config
+        self.jetstream = jetstream
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = self.store / "nats-server.log"
 
@@ -77,7 +82,9 @@ class EmbeddedServer:
 
     def start(self, timeout: float = 15.0) -> EmbeddedServer:
         """Start the server and wait until it accepts connections."""
-        args = [server_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store / "js")]
+        args = [server_binary(), "-a", "127.0.0.1", "-p", str(self.port)]
+        if self.jetstream:
+            args += ["-js", "-sd", str(self.store / "js")]
         if self.config is not None:
             args += ["-c", str(self.config)]
         self.store.mkdir(parents=True, exist_ok=True)
@@ -100,13 +107,13 @@ class EmbeddedServer:
             raise
 
     def ready(self) -> bool:
-        """Whether the server takes a client and says JetStream is on (its INFO line)."""
+        """Whether the server takes a client and says JetStream is on (its INFO line), when it runs it."""
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
                 info = s.recv(4096)
         except OSError:
             return False
-        return info.startswith(b"INFO") and b'"jetstream":true' in info
+        return info.startswith(b"INFO") and (b'"jetstream":true' in info or not self.jetstream)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL past the timeout); its store stays."""

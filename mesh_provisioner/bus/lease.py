@@ -20,9 +20,9 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 
-from mesh_provisioner.bus.connection import open_bucket
+from mesh_provisioner.bus.connection import open_bucket, stream_of
 from mesh_provisioner.messages import records as r
-from mesh_provisioner.rules.view import SEAT
+from mesh_provisioner.rules.view import SEAT, bucket
 
 log = logging.getLogger("mesh_provisioner.bus.lease")
 
@@ -80,6 +80,43 @@ class SeatLease:
         log.info("this process holds the seat (holder %s)", self.holder)
         return True
 
+    async def current(self) -> r.Lease | None:
+        """The lease on the bus now (whoever holds it), None when no one does or it cannot be read."""
+        try:
+            kv, _ = await open_bucket(self.nc.jetstream(), SEAT)
+            entry = await kv.get(HOLDER_KEY)
+        except (nats.errors.Error, nats.js.errors.Error, TimeoutError):
+            return None
+        return r.decode(r.Lease, entry.value or b"") if entry.value else None
+
+    async def ensure_age(self) -> str:
+        """Make the lease bucket's max age this lease time (contract 8); answers what was changed ("" when nothing).
+
+        A bucket made by a seat with another lease time ages the key out at that time: a longer lease on a shorter
+        bucket loses the key between renewals, a shorter one on a longer bucket leaves a killed holder's key for
+        long after. Every seat of a mesh must use one lease time; the bucket follows the last seat started.
+        """
+        js = self.nc.jetstream()
+        info = await js.stream_info(stream_of(SEAT))
+        age = info.config.max_age or 0.0
+        if abs(age - self.seconds) < 0.001:
+            return ""
+        config = info.config
+        config.max_age = self.seconds
+        # JetStream keeps a stream's window of duplicates within its max age.
+        if config.duplicate_window and config.duplicate_window > self.seconds:
+            config.duplicate_window = self.seconds
+        try:
+            await js.update_stream(config)
+        except nats.js.errors.APIError as err:
+            same = f"run every seat with --lease-seconds {age:g}, or " if age else ""
+            raise RuntimeError(
+                f"the lease bucket {bucket(SEAT)} {_ages(age)}, not after the lease time {self.seconds:g} s, and "
+                f"cannot be changed ({err.description or err}): {same}let a user allowed to update it start a seat"
+            ) from None
+        return (f"the lease bucket {bucket(SEAT)} {_ages(age)}, not after the lease time {self.seconds:g} s; it does "
+                "now: every seat of this mesh must run with the same --lease-seconds")
+
     async def renew(self) -> bool:
         """Renew the lease by compare-and-set; answers False, and stops holding at once, when that fails."""
         asked = time.monotonic()
@@ -105,3 +142,8 @@ class SeatLease:
         except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as err:
             log.info("the seat's lease is not given back (%s); it ages out", err or type(err).__name__)
         self.revision = 0
+
+
+def _ages(age: float) -> str:
+    """How a bucket of this max age ages its keys out, in words."""
+    return f"ages keys out after {age:g} s" if age else "never ages keys out"

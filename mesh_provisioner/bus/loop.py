@@ -63,8 +63,9 @@ class EventLoopThread:
         """Schedule a coroutine on the loop from any thread; answers its future without waiting."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
-        """Run a coroutine on the loop from another thread and wait for its result at most `timeout` seconds.
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
+        """Run a coroutine on the loop from another thread and wait for its result at most `timeout` seconds (None:
+        until it ends; a signal's handler that raises still interrupts the wait).
 
         Past the timeout the coroutine is cancelled and TimeoutError is raised, naming it. Called on the loop's
         own thread this would wait for itself forever, so it raises RuntimeError instead.
@@ -81,6 +82,10 @@ class EventLoopThread:
                 raise  # the coroutine's own TimeoutError (a request's, say), not this wait's
             future.cancel()
             raise TimeoutError(f"{name} did not finish within {timeout} s on the bus loop; it was cancelled") from None
+        except BaseException:
+            # The wait itself was interrupted (a signal's handler raised, Ctrl-C): what it waited for stops too.
+            future.cancel()
+            raise
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the loop this started: cancel its tasks, let them end, close it. An adopted loop is left running."""

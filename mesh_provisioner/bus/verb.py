@@ -16,7 +16,7 @@ from typing import Final
 from nats.aio.client import Client
 from nats.micro import add_service
 from nats.micro.request import Request
-from nats.micro.service import EndpointConfig, Service, ServiceConfig
+from nats.micro.service import Endpoint, EndpointConfig, Service, ServiceConfig
 
 from mesh_provisioner.messages.records import MODULE
 from mesh_provisioner.rules import verb
@@ -51,6 +51,14 @@ async def serve_verb(nc: Client, view: View | Callable[[], View], *, service_ver
     Runs on the loop that owns `nc`; the handler runs there too. Stop it with `await service.stop()`.
     """
     current: Callable[[], View] = view if callable(view) else (lambda: view)
+    endpoints: list[Endpoint] = []
+
+    def count_error(why: str) -> None:
+        # nats-py counts an error in $SRV.STATS only when the handler raises, and then answers without the body the
+        # contract gives an error ({"error"}); the handler answers it itself, so it counts it itself.
+        for endpoint in endpoints:
+            endpoint._num_errors += 1
+            endpoint._last_error = why  # type: ignore[assignment]  # nats-py types it None, then sets a str
 
     async def handle(request: Request) -> None:
         try:
@@ -58,12 +66,14 @@ async def serve_verb(nc: Client, view: View | Callable[[], View], *, service_ver
         except Exception as err:
             # Contract section 7: nothing read can crash the seat; a request that finds a bug is told so.
             log.exception("the verb could not answer a request")
-            body = verb.encode(verb.Error(f"the seat could not answer: {type(err).__name__}: {err}"))
-            await request.respond_error(INTERNAL, "the seat could not answer", data=body)
+            why = f"the seat could not answer: {type(err).__name__}: {err}"
+            count_error(f"{INTERNAL} {why}")
+            await request.respond_error(INTERNAL, "the seat could not answer", data=verb.encode(verb.Error(why)))
             return
         body = verb.encode(reply)
         if isinstance(reply, verb.Error):
             log.info("the verb refused a request: %s", reply.error)
+            count_error(f"{BAD_REQUEST} {reply.error}")
             await request.respond_error(BAD_REQUEST, reply.error, data=body)
         else:
             await request.respond(body)
@@ -77,6 +87,7 @@ async def serve_verb(nc: Client, view: View | Callable[[], View], *, service_ver
         EndpointConfig(name=ENDPOINT_NAME, subject=SUBJECT, handler=handle,
                        metadata={"what": "|".join(verb.STATES), "default": verb.DEFAULT_WHAT})
     )
+    endpoints.extend(e for e in service._endpoints if e._name == ENDPOINT_NAME)
     # nats-py subscribes an endpoint without flushing: the verb answers from the moment this returns.
     await nc.flush()
     log.info("serving the verb on %s as service %s %s", SUBJECT, SERVICE_NAME, service.id)
