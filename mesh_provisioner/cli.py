@@ -372,7 +372,7 @@ def reconcile(config: Config, timeout: float, wait: bool, stop: threading.Event)
             if lost:
                 log.error("%s; nothing is reconciled", lost)
             else:
-                holder = seat.loop.run(seat.lease.current(), config.request_timeout)
+                holder = seat.lease_loop.run(seat.lease.current(), config.request_timeout)
                 log.error("another process holds the seat%s%s; nothing is reconciled%s", _holder(holder),
                           f" still after {timeout:g} s" if wait else "",
                           "" if wait else ": --wait waits for it (up to --timeout)")

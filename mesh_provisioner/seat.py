@@ -69,7 +69,7 @@ class LeaseKeeper:
         lease = self.seat.lease
         while not self._stop.wait(every):
             try:
-                if self.seat.loop.run(lease.renew(), max(lease.left(), every)):
+                if self.seat.lease_loop.run(lease.renew(), max(lease.left(), every)):
                     continue
                 self.why = "the seat's lease could not be renewed"
             except TimeoutError:
@@ -105,17 +105,20 @@ class Seat:
         if config.metrics_addr:
             self.http = HttpEndpoint(config.metrics_addr, self.metrics.registry, healthy=self.healthy, ready=self.ready)
         self.loop = EventLoopThread()
+        self.lease_loop = EventLoopThread(LEASE_CONNECTION)
         try:
             within = config.request_timeout * 3 if connect_within is None else connect_within
             wait = None if math.isinf(within) else within + config.request_timeout
             self.nc = self.loop.run(open_bus(config, within, self._said), wait)
             self.waiting = f"creating the seat's buckets on {', '.join(config.servers())}"
             self.loop.run(ensure_config_buckets(self.nc, config), config_buckets_wait(config))
-            # The lease is kept on a connection of its own: on the seat's, a renewal's answer waits behind every
-            # change the server is sending the cache (a large mesh's first load is seconds of them), past a short lease.
-            self.lease_nc = self.loop.run(connect_config(config, name=LEASE_CONNECTION), config.request_timeout * 3)
+            # The lease is kept on a connection and an event loop of its own: on the seat's, a renewal's answer waits
+            # behind every change the server is sending the cache (a large mesh's first load is seconds of them), past
+            # a short lease.
+            self.lease_nc = self.lease_loop.run(connect_config(config, name=LEASE_CONNECTION),
+                                                config.request_timeout * 3)
             self.lease = SeatLease(self.lease_nc, config.lease_seconds)
-            changed = self.loop.run(self.lease.ensure_age(), config.request_timeout)
+            changed = self.lease_loop.run(self.lease.ensure_age(), config.request_timeout)
             if changed:
                 log.warning("%s", changed)
             self.connected = True
@@ -160,7 +163,7 @@ class Seat:
         announced = False
         while not stop.is_set() and not self.closed():
             try:
-                if self.loop.run(self.lease.take(), self.config.request_timeout):
+                if self.lease_loop.run(self.lease.take(), self.config.request_timeout):
                     return True
             except Exception as err:  # the bus may be out of reach: keep waiting, as a standby does
                 log.warning("the seat's lease cannot be asked for: %s", err)
@@ -245,11 +248,13 @@ class Seat:
             self.http = None
         try:
             if self.connected:
-                self.loop.run(self.lease.give_back(), self.config.request_timeout)
-            for nc in (getattr(self, "lease_nc", None), getattr(self, "nc", None)):
+                self.lease_loop.run(self.lease.give_back(), self.config.request_timeout)
+            connections = ((getattr(self, "lease_nc", None), self.lease_loop), (getattr(self, "nc", None), self.loop))
+            for nc, loop in connections:
                 if nc is not None:
-                    self.loop.run(nc.close(), self.config.request_timeout)
+                    loop.run(nc.close(), self.config.request_timeout)
         except Exception as err:  # closing on a bus that is gone: nothing left to give back
             log.debug("the seat did not close cleanly: %s", err)
         self.connected = False
+        self.lease_loop.stop()
         self.loop.stop()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -199,7 +200,7 @@ class Runner:
         before = self.bus.last_seqs()
         said = io.StringIO()
         with contextlib.redirect_stdout(said):
-            code = reconcile(self.config, SETTLE_SECONDS)
+            code = reconcile(self.config, SETTLE_SECONDS, False, threading.Event())
         if code != 0 or (settled and ("nothing changed" not in said.getvalue() or self.bus.last_seqs() != before)):
             problems.append(f"{where}: a reconcile exited {code}, said {said.getvalue().strip()!r}, and the seat's "
                             f"states moved from {before} to {self.bus.last_seqs()}")

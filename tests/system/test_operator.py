@@ -324,7 +324,7 @@ def test_3_reconcile_says_at_once_that_another_process_holds_the_seat(loaded: st
         done = cli("--nats", loaded, "--lease-seconds", "5", "reconcile", "--timeout", "60", timeout=60)
         assert done.returncode == 2, done.stderr
         assert time.monotonic() - began < 10
-        last = done.stderr.splitlines()[-2:]  # the error, then the connection closed
+        last = done.stderr.splitlines()[-3:]  # the error, then the two connections closed (the seat's, the lease's)
         assert any(f"another process holds the seat (pid {a.pid} on " in line and "--wait waits for it" in line
                    for line in last), done.stderr
         # --wait waits, and still says who holds it when the time is up.
