@@ -31,6 +31,7 @@ from tests.support.differential import compare, expected, inputs_of, off_fixed_p
 from tests.support.meshgen import BOUND_READS, Generated, Op, generate
 
 SETTLE_SECONDS = 30.0
+UNSETTLED_MOST = 3
 STATES = watched_states(BOUND_READS)
 
 
@@ -225,6 +226,13 @@ class Runner:
 
 def run_meshes(runner: Runner, seeds: range, *, restart_every: int = 0, repeat: int = 1) -> list[Outcome]:
     """Run the meshes of a seed range, each `repeat` times (a race may show once in a few runs); with
-    `restart_every` n, every n-th seed's history restarts the server."""
-    return [runner.run(generate(seed, restart=bool(restart_every) and seed % restart_every == 0))
-            for seed in seeds for _ in range(repeat)]
+    `restart_every` n, every n-th seed's history restarts the server. Stops after `UNSETTLED_MOST` meshes whose
+    seat did not settle: each waited `SETTLE_SECONDS` already."""
+    out: list[Outcome] = []
+    for seed in seeds:
+        for _ in range(repeat):
+            out.append(runner.run(generate(seed, restart=bool(restart_every) and seed % restart_every == 0)))
+            if sum(any("did not settle" in p for p in o.problems) for o in out) >= UNSETTLED_MOST:
+                out[-1].problems.append(f"stopped after {UNSETTLED_MOST} meshes whose seat did not settle")
+                return out
+    return out

@@ -58,6 +58,8 @@ RESTART_EVERY = int(os.environ.get("MESH_DIFF_RESTART_EVERY", "100"))
 REPEAT = int(os.environ.get("MESH_DIFF_REPEAT", "1"))
 QUIET_MESHES = min(MESHES, 25)
 
+pytestmark = pytest.mark.differential
+
 
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runner]:
