@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import random
 
+import pytest
+
 from mesh_provisioner.rules.node import compose_node, rejudge
 from mesh_provisioner.rules.reads import known_nodes
 from mesh_provisioner.rules.settle import apply, settle
@@ -68,6 +70,7 @@ def run_history(seed: int) -> list[str]:
     return compare(expected(mesh.inputs, NOW), view) + off_fixed_point(view, NOW)
 
 
+@pytest.mark.differential
 def test_settle_ends_where_the_final_inputs_say_whatever_the_order() -> None:
     failed: dict[int, list[str]] = {}
     for seed in range(FIRST, FIRST + MESHES):

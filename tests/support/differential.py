@@ -37,6 +37,7 @@ import msgspec
 
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Put
+from mesh_provisioner.rules.judge import keeps_entries
 from mesh_provisioner.rules.settle import settle
 from mesh_provisioner.rules.view import OWN, PLACEMENT, PLANS, PROVISIONS, REFUSED, MemoryView
 from tests.support.meshgen import BOUND_READS, Inputs, view_of
@@ -167,10 +168,14 @@ def compare(want: MemoryView, have: MemoryView) -> list[str]:
         provider = f"{p.provider.node}.{p.provider.module}"
         if p.provider.node != p.consumer.node and history_plan(provider):
             masks[key] = HISTORY_PLAN
-    uncertain = {k for k in one_side if (k in pw) != (k in ph)} | set(masks)
-    for key in _closure(uncertain, dependents) - uncertain:
-        if key in both:
-            masks.setdefault(key, HISTORY_DEPS)
+    # A provider judged by its have provides once all the key depends on is provided (5.3): such a key's state
+    # follows, in turn, the keys above that are on one side only and the provisions just masked.
+    todo = [k for k in one_side if (k in pw) != (k in ph)] + list(masks)
+    while todo:
+        for key in dependents.get(todo.pop(), ()):
+            if key not in masks and _judged_by_have(want, both[key]):
+                masks[key] = HISTORY_DEPS
+                todo.append(key)
     for key in sorted(both):
         x, y = pw.get(key), ph.get(key)
         if x is None or y is None:
@@ -183,6 +188,12 @@ def compare(want: MemoryView, have: MemoryView) -> list[str]:
             problems.append(f"provision {key}: {', '.join(differ)} differ: settle() has {_short(r.encode(x))}, "
                             f"the bus {_short(r.encode(y))}")
     return problems
+
+
+def _judged_by_have(view: MemoryView, p: r.Provision) -> bool:
+    """Whether a provision's state comes from its provider's have, after what it depends on (5.3)."""
+    keeps, why = keeps_entries(view, p.provider.module, p.provision)
+    return not keeps and not why
 
 
 def _refusal(view: MemoryView, key: str) -> str:

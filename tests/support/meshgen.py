@@ -160,15 +160,21 @@ def _requirement(rng: random.Random, module: str, among: Iterable[str] = REQUIRA
 def _catalogue(rng: random.Random, nodes: tuple[str, ...], cycles: bool) -> _Catalogue:
     providers = [m for m in OFFERS if m in ("postgres", r.VAULT_MODULE) or rng.random() < 0.7]
     consumers = rng.sample(CONSUMERS, rng.randint(1, 3))
-    # Without cycles, a module requires only what modules after it in a random order provide (or what no module
-    # of the mesh provides): no provider then waits, through the keys it depends on, for a key that waits for it.
+    # Without cycles, a module requires only what modules after it in a random order provide (or, now and then,
+    # what no module of the mesh provides, which holds it): no provider then waits, through the keys it depends on,
+    # for a key that waits for it.
     order = rng.sample(providers, len(providers))
-    absent = [p for m in OFFERS if m not in providers for p in OFFERS[m]]
+    offered = {p for m in providers for p in OFFERS[m] if p in REQUIRABLE}
+    absent = [p for p in REQUIRABLE if p not in offered]
     modules: dict[str, list[str]] = {}
     manifests: dict[str, dict[str, Any]] = {}
     for module in providers + consumers:
         later = order[order.index(module) + 1:] if module in order else order
-        among = REQUIRABLE if cycles else [*absent, *(p for m in later for p in OFFERS[m] if p in REQUIRABLE)]
+        among = [p for m in later for p in OFFERS[m] if p in REQUIRABLE]
+        if cycles:
+            among = sorted(offered)
+        if rng.random() < 0.1:
+            among += absent
         most = 0 if module == r.VAULT_MODULE or not among else 2 if module in OFFERS else 3
         requires = [_requirement(rng, module, among) for _ in range(rng.randint(min(most, 0 if module in OFFERS
                                                                                     else 1), most))]
@@ -238,7 +244,7 @@ def _inputs(rng: random.Random, nodes: tuple[str, ...], cat: _Catalogue) -> Inpu
             needs = {q["provision"] for mid in (f"{module}-1", f"{module}-2") for q in
                      cat.manifests.get(mid, {}).get("requires", [])}
             choices = {p: sorted(offered[p]) for p in sorted(needs) if len(offered.get(p, ())) > 1}
-            if (choices and rng.random() < 0.65) or rng.random() < 0.05:
+            if (choices and rng.random() < 0.8) or rng.random() < 0.05:
                 providers = {p: rng.choice(ns if rng.random() < 0.85 else nodes) for p, ns in choices.items()}
                 out[(RESOLVED, f"{node}.{module}")] = js({"providers": providers})
     # A share of meshes has one value that does not decode; now and then a placement (its node is not composed).

@@ -54,9 +54,11 @@ from tests.support.seatrun import Outcome, Runner, run_meshes
 
 FIRST = int(os.environ.get("MESH_DIFF_FIRST", "1"))
 MESHES = int(os.environ.get("MESH_DIFF_MESHES", "500"))
-RESTART_EVERY = int(os.environ.get("MESH_DIFF_RESTART_EVERY", "50"))
+RESTART_EVERY = int(os.environ.get("MESH_DIFF_RESTART_EVERY", "100"))
 REPEAT = int(os.environ.get("MESH_DIFF_REPEAT", "1"))
 QUIET_MESHES = min(MESHES, 25)
+
+pytestmark = pytest.mark.differential
 
 
 @pytest.fixture(scope="module")
