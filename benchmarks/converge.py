@@ -3,7 +3,7 @@ nats-server on loopback.
 
 - `kv_put_limit`: pipelined puts a second of one nats-py connection to that server (many published, then their
   acknowledgements gathered), the best of a few window sizes.
-- cold convergence of a seeded mesh of N nodes (`benchmarks.mesh`), from `Supervisor.start` to `wait_settled`, the
+- cold convergence of a seeded mesh of N nodes (`benchmarks.mesh`), from `Runtime.start` to `wait_settled`, the
   seat in a process of its own: `writes`, `seconds`, `writes_per_s`, `ratio_vs_limit`, `peak_rss_bytes_per_key`.
 - `ratio_vs_seed_design`: on a mesh of 100 nodes, the time of the seeds' way (`benchmarks.seed_design`) over the
   seat's time on the same mesh.

@@ -1,7 +1,7 @@
 """`python -m benchmarks.scaling --json FILE`: the seat's cold convergence as the mesh doubles.
 
 For N = 250, 500, 1000 and 2000 nodes (`--quick`: 10, 20, 40), each on a fresh nats-server on loopback: the seeded
-mesh of `benchmarks.mesh` loaded, the seat started in a process of its own and timed from `Supervisor.start` to
+mesh of `benchmarks.mesh` loaded, the seat started in a process of its own and timed from `Runtime.start` to
 `wait_settled`. `time_ratio_per_doubling` is the geometric mean of t(2N) / t(N) over the doublings: 2 is linear.
 """
 

@@ -1,6 +1,6 @@
 """The seat under benchmark, in a process of its own: started, timed to settled, then driven by lines on stdin.
 
-`python -m benchmarks.seat_proc URL [--max-parallel P]` starts `Supervisor.start(Config(nats=URL, ...))`, waits
+`python -m benchmarks.seat_proc URL [--max-parallel P]` starts `Runtime.start(Config(nats=URL, ...))`, waits
 for `wait_settled`, and prints one JSON line: the seconds from the start call to settled, the writes the seat made,
 the keys in its cache, and the process's peak RSS so far (`resource.getrusage`). Then each line it reads is a
 command: `settle` (wait until settled again and print the same figures), `stop` (stop the seat, print, exit).
@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from mesh_provisioner.config import Config
-from mesh_provisioner.supervisor import Supervisor
+from mesh_provisioner.runtime import Runtime
 
 
 def rss_now() -> int:
@@ -34,7 +34,7 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def figures(sup: Supervisor, seconds: float, settled: bool) -> dict[str, Any]:
+def figures(sup: Runtime, seconds: float, settled: bool) -> dict[str, Any]:
     """What one measurement says."""
     counts = sup.store.counts()
     return {
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     gc.collect()
     base = {"rss_before_bytes": rss_now()}
     start = time.perf_counter()
-    sup = Supervisor.start(config)
+    sup = Runtime.start(config)
     settled = sup.wait_settled(args.timeout)
     out = figures(sup, time.perf_counter() - start, settled)
     print(json.dumps({**base, **out}), flush=True)

@@ -14,13 +14,13 @@ import sys
 from mesh_provisioner import Config
 from mesh_provisioner.bus.embedded import EmbeddedServer
 from mesh_provisioner.bus.loader import load_states, router_stream
+from mesh_provisioner.runtime import Runtime
 from mesh_provisioner.samples import sample_mesh
-from mesh_provisioner.supervisor import Supervisor
 
 
 def run(url: str) -> int:
     """Embed a seat on `url`: compose, crash an actor, settle, stop. 0 when it settled."""
-    sup = Supervisor.start(Config(nats=url))
+    sup = Runtime.start(Config(nats=url))
     try:
         composed = sup.compose("ace").get(timeout=30)
         print(f"composed ace: {composed.node}, {len(composed.plans_written)} plan(s) written")

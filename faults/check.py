@@ -9,7 +9,7 @@ Once both seats are settled:
   aside; a retiring key may be on one bus only, and a key may be needed on one bus only while a retiring key there
   depends on it (a transient need, kept until the operator answers);
 - **asked once**: the router's stream holds each `Nats-Msg-Id` once, and each ask it holds is the ask its key names;
-- **the seat still answers**: its verb `mesh-provisioner.provisioning`, or `Supervisor.compose`;
+- **the seat still answers**: its verb `mesh-provisioner.provisioning`, or `Runtime.compose`;
 - **no exception escaped**: no ERROR record from the `pykka` or `mesh_provisioner` loggers but the deliberate
   kills'.
 
@@ -36,7 +36,7 @@ from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.config import Config
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules import keys as k
-from mesh_provisioner.supervisor import Supervisor
+from mesh_provisioner.runtime import Runtime
 
 VERB = "mesh-provisioner.provisioning"
 WATCHED_LOGGERS = ("pykka", "mesh_provisioner")
@@ -46,7 +46,7 @@ def fixed_point(bus: Bus, config: Config, timeout: float = 60.0) -> list[str]:
     """A fresh seat over the bus composes every node and judges every key again: what it wrote (nothing, at a
     fixed point)."""
     before, seqs = seat_state(bus), bus.last_seqs()
-    fresh = Supervisor.start(config)
+    fresh = Runtime.start(config)
     try:
         settled = fresh.wait_settled(timeout)
         counts = fresh.store.counts()
@@ -150,8 +150,8 @@ def verb_answers(url: str, timeout: float = 20.0) -> list[str]:
     return []
 
 
-def composes(sup: Supervisor, node: str = "ace", timeout: float = 20.0) -> list[str]:
-    """The seat composes a node when asked (`Supervisor.compose`), within `timeout` seconds."""
+def composes(sup: Runtime, node: str = "ace", timeout: float = 20.0) -> list[str]:
+    """The seat composes a node when asked (`Runtime.compose`), within `timeout` seconds."""
     try:
         composed = sup.compose(node).get(timeout=timeout)
     except Exception as err:
@@ -161,7 +161,7 @@ def composes(sup: Supervisor, node: str = "ace", timeout: float = 20.0) -> list[
     return []
 
 
-def unsettled(sup: Supervisor) -> str:
+def unsettled(sup: Runtime) -> str:
     """Why a seat does not count as settled: what is in flight, and each watch that is loading, behind or silent."""
 
     async def watches() -> list[str]:

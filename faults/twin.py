@@ -20,7 +20,7 @@ from faults.mesh import Change, prepare, write
 from faults.servers import server
 from mesh_provisioner.bus.embedded import EmbeddedServer
 from mesh_provisioner.config import Config
-from mesh_provisioner.supervisor import Supervisor
+from mesh_provisioner.runtime import Runtime
 
 log = logging.getLogger("faults")
 
@@ -125,8 +125,8 @@ class Twin:
         self.reference = Bus(self.reference_server.url)
         prepare(self.disturbed, replicas=replicas)
         prepare(self.reference)
-        self.reference_seat = Supervisor.start(seat_config(self.reference.url, **config))
-        self.sup: Supervisor | None = None
+        self.reference_seat = Runtime.start(seat_config(self.reference.url, **config))
+        self.sup: Runtime | None = None
         if not self.reference_seat.wait_settled(SETTLE_SECONDS):
             raise RuntimeError("the undisturbed seat did not settle on the sample mesh")
 
@@ -134,7 +134,7 @@ class Twin:
         """The disturbed seat's config."""
         return seat_config(self.disturbed.url, **{"replicas": self.replicas, **self.config, **more})
 
-    def start_disturbed(self, **more: Any) -> Supervisor:
+    def start_disturbed(self, **more: Any) -> Runtime:
         """An in-process seat on the disturbed bus, settled on the sample mesh.
 
         A start that times out (a loaded cluster creating the seat's replicated buckets) is tried again, as a process
@@ -142,7 +142,7 @@ class Twin:
         """
         for attempt in range(3):
             try:
-                self.sup = Supervisor.start(self.disturbed_config(**more))
+                self.sup = Runtime.start(self.disturbed_config(**more))
                 break
             except TimeoutError as err:
                 log.warning("the disturbed seat did not start (%s); starting it again", err)
@@ -190,7 +190,7 @@ def finish(
     twin: Twin,
     *,
     settled: Callable[[float], bool],
-    seat: Callable[[], Supervisor | None] | None = None,
+    seat: Callable[[], Runtime | None] | None = None,
     answers: Callable[[], list[str]],
     errors: check.ErrorLog | None = None,
     more: Callable[[], list[str]] | None = None,

@@ -1,6 +1,6 @@
 """mesh-provisioner: the mesh's provisioner seat over NATS JetStream.
 
-`Config` is a whole configuration with every setting defaulted but the bus; `mesh_provisioner.supervisor.Supervisor`
+`Config` is a whole configuration with every setting defaulted but the bus; `mesh_provisioner.runtime.Runtime`
 runs the seat, alone or inside a larger actor runtime.
 """
 

@@ -35,10 +35,10 @@ from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Put
 from mesh_provisioner.rules.settle import Settled, settle
 from mesh_provisioner.rules.view import PROVISIONS, MemoryView
+from mesh_provisioner.runtime import Runtime
 from mesh_provisioner.samples import BadMesh, mesh_of, sample_text
 from mesh_provisioner.seat import Seat
 from mesh_provisioner.show import GRAPH, READS, SHOWN, check, render, table, tables
-from mesh_provisioner.supervisor import Supervisor
 
 log = logging.getLogger("mesh_provisioner.cli")
 
@@ -353,7 +353,7 @@ def reconcile(config: Config, timeout: float, wait: bool, stop: threading.Event)
     settled = threading.Event()
     outcome: list[tuple[bool, dict[str, int]]] = []
 
-    def wait_settled(sup: Supervisor | None) -> None:
+    def wait_settled(sup: Runtime | None) -> None:
         if sup is None:
             return
 
@@ -481,7 +481,7 @@ def demo(config: Config, keep: bool, stop: threading.Event) -> int:
                 loop.run(nc.close(), 10)
         shown: list[int] = []
 
-        def settled_then_shown(sup: Supervisor) -> None:
+        def settled_then_shown(sup: Runtime) -> None:
             if not sup.wait_settled(60):
                 log.error("the demo did not settle within 60 s")
                 shown.append(2)
@@ -497,7 +497,7 @@ def demo(config: Config, keep: bool, stop: threading.Event) -> int:
                 f"In another terminal: {PROG} --nats {server.url} show provisions\n"
                 "Interrupt (Ctrl-C) to stop.")
 
-        def on_hold(sup: Supervisor | None) -> None:
+        def on_hold(sup: Runtime | None) -> None:
             if sup is not None and not shown:
                 threading.Thread(target=settled_then_shown, args=(sup,), name="demo-tables", daemon=True).start()
 

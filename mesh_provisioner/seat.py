@@ -29,7 +29,7 @@ from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.verb import serve_verb
 from mesh_provisioner.config import Config
 from mesh_provisioner.metrics import HttpEndpoint, Metrics
-from mesh_provisioner.supervisor import Supervisor
+from mesh_provisioner.runtime import Runtime
 
 log = logging.getLogger("mesh_provisioner.seat")
 
@@ -86,12 +86,12 @@ class LeaseKeeper:
 class Seat:
     """One seat process: a connection, its lease, and a supervisor while the lease is held."""
 
-    def __init__(self, config: Config, *, on_hold: Callable[[Supervisor | None], None] | None = None,
+    def __init__(self, config: Config, *, on_hold: Callable[[Runtime | None], None] | None = None,
                  connect_within: float | None = None) -> None:
         """Serve metrics and health (when configured), then connect: for `connect_within` seconds at most
         (math.inf: until it connects or a signal's handler interrupts; None: three request timeouts)."""
         self.config = config
-        self.supervisor: Supervisor | None = None
+        self.supervisor: Runtime | None = None
         self.on_hold = on_hold or (lambda _: None)
         self.metrics = Metrics()
         self.connected = False
@@ -186,7 +186,7 @@ class Seat:
         keeper = LeaseKeeper(self)
         keeper.start()
         try:
-            sup = Supervisor.start(
+            sup = Runtime.start(
                 self.config, nc=self.nc, loop=self.loop.loop, guard=self.lease.guard, metrics=self.metrics
             )
         except BaseException:

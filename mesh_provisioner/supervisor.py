@@ -1,10 +1,10 @@
-"""The supervisor: spawns and restarts the seat's actors, and routes every bus change to the actors it wakes.
+"""The supervisor: starts the seat's actors and restarts them, and does nothing else (design.md, "Supervision").
 
-pykka has no supervision, so this adds what an OTP supervisor gives (design.md, "Supervision"): a child spec per
-child, one-for-one restarts with exponential backoff, a restart intensity past which every child is stopped in
-reverse order and the owner is told, and death noticed however it comes. A restarted child resynchronises from the
-bus, never from memory. Usable from a larger runtime: it can run on the host's NATS connection and event loop,
-stops only its own actors, installs no signal handler and configures no logging.
+pykka has no supervision, so this adds what an OTP supervisor gives: a child spec per child, one-for-one restarts
+with exponential backoff, a restart intensity past which every child is stopped in reverse order and the owner is
+told, and death noticed however it comes (a crash, a stop nobody asked for, a thread gone). It never routes, never
+touches the bus and never waits on a child's work: its own mailbox holds only exits and restarts. What a restarted
+child must do to recover (resynchronise from the bus) is its owner's, told through `on_started`.
 """
 
 from __future__ import annotations
@@ -14,78 +14,19 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from functools import partial
 from typing import Any
 
 import pykka
-from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 
-from mesh_provisioner.actors.asker import AskerActor
 from mesh_provisioner.actors.base import InFlight
-from mesh_provisioner.actors.bound import BoundActor
-from mesh_provisioner.actors.node import NodeActor
-from mesh_provisioner.actors.turns import Turns
-from mesh_provisioner.bus.asks import Asks
-from mesh_provisioner.bus.cache import Cache
-from mesh_provisioner.bus.connection import (
-    closed_for_good,
-    config_buckets_wait,
-    connect_config,
-    ensure_config_buckets,
-    link,
-)
-from mesh_provisioner.bus.loop import EventLoopThread
-from mesh_provisioner.bus.registry import RegistryWriter
-from mesh_provisioner.bus.store import Applied, Store
+from mesh_provisioner.backoff import backoff
 from mesh_provisioner.config import Config
-from mesh_provisioner.messages import records as r
-from mesh_provisioner.messages.protocol import (
-    ChildExited,
-    ComposeNode,
-    Crash,
-    Decided,
-    Message,
-    Restart,
-    Resync,
-    SeatStatus,
-    Status,
-    Stop,
-    Tick,
-)
-from mesh_provisioner.messages.writes import Write
-from mesh_provisioner.metrics import Metrics
-from mesh_provisioner.rules.keys import is_token
-from mesh_provisioner.rules.order import providers_first
-from mesh_provisioner.rules.reads import NODE_STATES, Reads, known_nodes, touched
-from mesh_provisioner.rules.retire import retire_needs
-from mesh_provisioner.rules.signature import make_verify
-from mesh_provisioner.rules.view import (
-    ASK_RECORDS,
-    BUILDS,
-    MANIFESTS,
-    MODULES,
-    PLACEMENT,
-    PROVISIONS,
-    REGISTRY,
-    Entry,
-    MemoryView,
-    group_of,
-    not_a_node,
-    not_nodes,
-)
-from mesh_provisioner.runtime.dispatch import COMPOSE, JUDGE, LOOK, Dispatcher, Judgment
+from mesh_provisioner.messages.protocol import ChildExited, Crash, Message, Restart
 
 log = logging.getLogger("mesh_provisioner.supervisor")
-
-ASKER = "asker"
-# JetStream's advisory of a stream created: the router's, which takes asks, may be one (contract 5.4).
-STREAM_CREATED = "$JS.EVENT.ADVISORY.STREAM.CREATED.*"
 
 
 @dataclass
@@ -98,278 +39,47 @@ class ChildSpec:
     total_restarts: int = 0
 
 
-class SupervisorFailed(RuntimeError):
-    """A child restarted more often than the restart intensity allows: the supervisor stopped."""
-
-
 class Supervisor:
-    """One seat: its bus, its children, and the API a host, a test or a chaos tool uses."""
+    """The seat's children: started, restarted one for one, stopped in reverse order."""
 
-    def __init__(
-        self, config: Config, loop: EventLoopThread, nc: Client, *, owns_nc: bool, metrics: Metrics | None = None
-    ) -> None:
+    def __init__(self, config: Config, in_flight: InFlight, *, on_started: Callable[[str], None],
+                 on_exited: Callable[[str], None], on_restart: Callable[[str], None] = lambda _: None) -> None:
+        """`on_started(name)` follows every start of a child, first or again; `on_exited(name)` every death, before
+        its restart; `on_restart(kind)` counts restarts. `failed` answers why the supervisor gave up ("": asked to)."""
         self.config = config
-        self.loop = loop
-        self.nc = nc
-        self.owns_nc = owns_nc
-        self.in_flight = InFlight()
-        self.dispatcher = Dispatcher(self._kick)
-        self.metrics = metrics or Metrics()
-        self.metrics.cache_keys.set_function(lambda: len(self.cache.view))
-        self.cache = Cache(nc, bound_reads=config.bound_reads, on_change=self._changed, on_resync=self._resynced,
-                           request_timeout=config.request_timeout)
-        self.store = Store(nc, self.cache, timeout=config.request_timeout)
-        self.asks = Asks(nc, timeout=config.request_timeout)
+        self.in_flight = in_flight
+        self.failed: Future[str] = Future()
+        self._on_started = on_started
+        self._on_exited = on_exited
+        self._on_restart = on_restart
         self._lock = threading.RLock()
         self._specs: dict[str, ChildSpec] = {}
         self._refs: dict[str, pykka.ActorRef[Any]] = {}
         self._order: list[str] = []
         self._waiting: set[str] = set()  # children dead and waiting for their restart
         self._killed: set[str] = set()  # urns of instances killed through the chaos API
-        self._stopping = False
-        # Changes are routed only once the children run: each resyncs at start with what was loaded before.
-        self._routing = False
-        self.failed: Future[str] = Future()
-        self._turns = Turns(config.max_parallel) if config.max_parallel > 0 else None
-        self._priority: dict[str, int] = {}  # each node's place in the order of composing (rules/order.py)
-        self._clock: Callable[[], datetime] = lambda: datetime.now(UTC)
-        # It answers only its router: a warrant is taken only with its valid signature.
-        self._verify = make_verify(config.router_key) if config.router_key else None
-        self._subs: list[Subscription] = []  # on the connection, for the router: dropped when this stops
-        self._no_nodes: set[str] = set()  # placement keys said to be no node (section 7), each said once
-        self._registry: RegistryWriter | None = None  # the operator's registry file, read when the seat is taken
-        link(nc).on_closed(self._connection_closed)
+        self.stopping = False
         self.ref = _SupervisorActor.start(self)
 
-    # ---- starting and stopping ------------------------------------------------------------------------------
+    # ---- children -------------------------------------------------------------------------------------------
 
-    @classmethod
-    def start(
-        cls,
-        config: Config,
-        *,
-        nc: Client | None = None,
-        loop: Any = None,
-        clock: Callable[[], datetime] | None = None,
-        guard: Callable[[], str] | None = None,
-        metrics: Metrics | None = None,
-    ) -> Supervisor:
-        """Connect (or take the host's connection and loop), fill the cache, and start every child.
-
-        `guard` says why this process may not write now ("" when it may): the seat's lease (contract 8).
-        """
-        thread = EventLoopThread.adopt(loop) if loop is not None else EventLoopThread()
-        owns = nc is None
-        if nc is None:
-            nc = thread.run(connect_config(config), config.request_timeout * 3)
-        sup = cls(config, thread, nc, owns_nc=owns, metrics=metrics)
-        if clock is not None:
-            sup._clock = clock
-        sup.store.guard = guard
-        try:
-            thread.run(ensure_config_buckets(nc, config), config_buckets_wait(config))
-            thread.run(sup.cache.start(), config.request_timeout)
-            thread.run(sup.cache.wait_synced(), config.request_timeout * 6)
-            sup._retire_needs()
-            if config.registry:  # no file: the registry is left as it is (4.1)
-                sup._registry = RegistryWriter(config.registry, sup.store, sup.view)
-                thread.run(sup._registry.write(), config.work_timeout)
-            for key in not_nodes(sup.view):
-                sup._no_node(key)
-            sup._subs.append(thread.run(sup.asks.subscribe_decided(sup._decided), config.request_timeout))
-            sup._subs.append(thread.run(nc.subscribe(STREAM_CREATED, cb=sup._stream_created), config.request_timeout))
-            sup._start_children()
-        except BaseException:
-            sup.stop()
-            raise
-        return sup
-
-    def _retire_needs(self) -> None:
-        """`needs` is retired: every key of it is deleted when the seat is taken, and the count logged (4.1)."""
-        writes = retire_needs(self.view)
-        if writes:
-            applied = self.apply(writes, {})
-            log.info("deleted %d key(s) of the retired needs", len(applied.done))
-            if not applied.ok:
-                log.warning("the retired needs are not all deleted: %s", applied.error)
-
-    def _registry_changed(self) -> None:
-        """Another writer changed the registry (deleted or purged a key, say): the file's word is written back (4.1).
-
-        Runs on the loop, which must not block: the writes go out as a task of the loop, counted in flight, and
-        every change before it starts rides on it.
-        """
-        writer = self._registry
-        if writer is None or writer.due or self._stopping:
-            return
-        writer.due = True
-        self.in_flight.sent(REGISTRY)
-        self.loop.loop.create_task(writer.write()).add_done_callback(lambda _: self.in_flight.done(REGISTRY))
-
-    def _no_node(self, key: str) -> None:
-        """Say once that a placement key is no node (section 7): nothing under it is composed or placed."""
-        why = not_a_node(key)
-        if why and key not in self._no_nodes:
-            self._no_nodes.add(key)
-            log.warning("%s", why)
-
-    def _start_children(self) -> None:
-        """Start every child, then route changes, then tell each to resynchronise.
-
-        All are started before any works: a thread started while others compose waits for the interpreter lock
-        at every step of its start, so starting a thousand node actors among compositions takes many seconds.
-        Changes are routed before the first resync, so no write of a composition wakes nothing.
-        """
-        started = [ASKER]
-        self._spec(ASKER, lambda: AskerActor.start(self, self.in_flight, retries=self.config.conflict_retries),
-                   resync=False)
-        for provider in self.config.bound_reads:
-            started.append(f"bound:{provider}")
-            self._spec(
-                f"bound:{provider}",
-                partial(BoundActor.start, provider, self, self.in_flight, retries=self.config.conflict_retries),
-                resync=False,
-            )
-        order = providers_first(self.view, known_nodes(self.view))
-        self._priority = {node: i for i, node in enumerate(order)}
-        for node in order:
-            started.append(self._node(node, resync=False))
-        self._routing = True
-        for name in started:
-            self._resync(name)
-        for node in sorted(known_nodes(self.view)):  # a node that appeared while the others started
-            self._node(node)
-
-    def _node(self, node: str, *, resync: bool = True) -> str:
-        """The name of a node's actor, started (and told to resynchronise, unless not `resync`) when it has none."""
-        name = f"node:{node}"
-        if name in self._specs:
-            # The common case, on the loop for each change: no lock, which an actor thread may hold while it
-            # waits for the interpreter.
-            return name
+    def add(self, name: str, start: Callable[[], pykka.ActorRef[Any]], *, started: bool = True) -> None:
+        """Start a child once (a second add of a name does nothing); `started`: tell `on_started`."""
         with self._lock:
-            if name not in self._specs and not self._stopping:
-                self._spec(
-                    name,
-                    lambda: NodeActor.start(
-                        node, self, self.in_flight, retries=self.config.conflict_retries, turns=self._turns,
-                        priority=self._priority.get(node, len(self._priority)),
-                    ),
-                    resync=resync,
-                )
-        return name
-
-    def _spec(self, name: str, start: Callable[[], pykka.ActorRef[Any]], *, resync: bool = True) -> None:
-        with self._lock:
+            if name in self._specs or self.stopping:
+                return
             self._specs[name] = ChildSpec(name, start)
             self._order.append(name)
             self._refs[name] = start()
-        if resync:
-            self._resync(name)
+        if started:
+            self._on_started(name)
 
-    def _resync(self, name: str) -> None:
-        """A started child (a restarted one too) judges all it owns from the bus, never from memory.
-
-        The supervisor tells it, so the message is counted in flight before `start` returns to anyone waiting.
-        """
-        self.tell(name, Resync())
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop this supervisor's own actors, in reverse order of start, and its connection if it made it."""
-        self._shut_down(timeout, why="")
-
-    def _shut_down(self, timeout: float, why: str) -> None:
-        """Stop every child in reverse order and the connection this made; then `failed` says why ("": asked to)."""
-        with self._lock:
-            if self._stopping:
-                return
-            self._stopping = True
-            refs = [self._refs[n] for n in reversed(self._order) if n in self._refs]
-        for ref in refs:
-            with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
-                ref.stop(block=True, timeout=timeout)
-        if self.ref.is_alive():
-            self.ref.stop(block=False)
-        link(self.nc).remove_listener(self._connection_closed)
-        try:
-            self.loop.run(self.cache.stop(), timeout)
-            if self.owns_nc:
-                self.loop.run(self.nc.close(), timeout)
-            else:
-                # On a host's connection nothing of this seat stays subscribed: a seat started again on it (a
-                # standby taking the lease back) would hear the router twice, and this one would be kept alive.
-                for sub in self._subs:
-                    self.loop.run(sub.unsubscribe(), timeout)
-        except Exception as err:  # the bus may be gone already: the actors are stopped, which is what counts
-            log.debug("the bus did not close cleanly: %s", err)
-        if self.owns_nc:
-            self.loop.stop()
-        if not self.failed.done():
-            self.failed.set_result(why)
-
-    # ---- the seat the actors work in ------------------------------------------------------------------------
-
-    @property
-    def view(self) -> MemoryView:
-        """The cache the rules read."""
-        return self.cache.view
-
-    def apply(self, writes: list[Write], writers: Mapping[tuple[str, str], Judgment]) -> Applied:
-        """Apply writes by compare-and-set on the bus, in order, stopping at the first conflict; `writers` names the
-        judgment that made each write, which the write does not wake."""
-        self.dispatcher.writing(writers)
-        try:
-            applied = self.loop.run(self.store.apply(writes), self.config.work_timeout)
-        finally:
-            self.dispatcher.written(writers)
-        self.metrics.observe_writes((w.state for w, _ in applied.done), applied.conflict is not None)
-        return applied
-
-    def refresh(self, write: Write) -> bool:
-        """Read a conflicting key's current value from the bus into the cache; False when the bus did not answer."""
-        return self.loop.run(self.cache.refresh(write.state, write.key), self.config.work_timeout)
-
-    def now(self) -> datetime:
-        """The time writes are stamped with."""
-        return self._clock()
-
-    def reads(self) -> Reads:
-        """A view over the cache that records what a judgment reads, stamped with the changes it holds already."""
-        return Reads(self.cache.view, self.cache.changes)
-
-    def publish(self, ask: r.Ask) -> None:
-        """Publish an ask on the operator's channel, de-duplicated by its id."""
-        self.loop.run(self.asks.publish(ask), self.config.work_timeout)
-
-    def verify(self, warrant: r.Warrant | Mapping[str, Any]) -> str:
-        """Why a warrant's signature is refused; with no router key configured, none is required."""
-        return self._verify(warrant) if self._verify is not None else ""
-
-    def retry(self, name: str, message: Message, attempt: int) -> None:
-        """Tell a child a message again after a backoff (50 ms doubling to 5 s, as restarts), counted in flight."""
-        delay = min(self.config.backoff_first * 2 ** (attempt - 1), self.config.backoff_max)
-        token = f"retry:{name}:{id(message)}"
-        self.in_flight.sent(token)
-        log.info("%s tries its failed write again in %.2f s", name, delay)
-
-        def due() -> None:
-            try:
-                if not self._stopping:
-                    self.tell(name, message)
-            finally:
-                self.in_flight.done(token)
-
-        timer = threading.Timer(delay, due)
-        timer.daemon = True
-        timer.start()
-
-    def killed(self, urn: str) -> bool:
-        """Whether an actor instance was killed through the chaos API."""
-        return urn in self._killed
+    def has(self, name: str) -> bool:
+        """Whether a child of that name was ever started (no lock: read on the loop for each change)."""
+        return name in self._specs
 
     def tell(self, name: str, message: Message) -> bool:
-        """Tell a child by name, counting the message as in flight; False when it cannot hear it (a dead child's
-        restart resyncs instead)."""
+        """Tell a child, counting the message in flight; False when it cannot hear it (gone, or its restart due)."""
         # No lock: called on the loop for each change, it must not wait for an actor thread. A child that dies
         # meanwhile is forgotten by `in_flight`, which then counts nothing for it (its successor resyncs).
         ref = self._refs.get(name)
@@ -384,96 +94,48 @@ class Supervisor:
             return False
         return True
 
-    def _kick(self, name: str) -> bool:
-        """Tell an actor to take its queue; a node's actor is started when it has none."""
-        if self._stopping:
-            return False
-        if name.startswith("node:"):
-            self._node(name.removeprefix("node:"), resync=False)
-        return self.tell(name, Tick())
+    def ref_of(self, name: str) -> tuple[pykka.ActorRef[Any], bool]:
+        """A child's current ref, and whether it is down waiting for its restart."""
+        with self._lock:
+            return self._refs[name], name in self._waiting
+
+    def children(self) -> dict[str, pykka.ActorRef[Any]]:
+        """Each child's name and its current ref, in order of start."""
+        with self._lock:
+            return {n: self._refs[n] for n in self._order if n in self._refs}
+
+    def restarts(self) -> dict[str, int]:
+        """How many times each child restarted, those that did."""
+        with self._lock:
+            return {n: s.total_restarts for n, s in self._specs.items() if s.total_restarts}
+
+    # ---- deaths and restarts --------------------------------------------------------------------------------
+
+    def kill(self, name: str) -> None:
+        """Make a child die as a crash would, at its next message (the chaos API)."""
+        with self._lock:
+            ref = self._refs.get(name)
+            if ref is None:
+                raise KeyError(f"no child is named {name}")
+            self._killed.add(ref.actor_urn)
+        self.tell(name, Crash())
+
+    def killed(self, urn: str) -> bool:
+        """Whether an actor instance was killed through the chaos API."""
+        return urn in self._killed
 
     def exited(self, message: ChildExited) -> None:
-        """A child stopped: the supervisor actor decides what follows."""
-        if not self._stopping:
+        """A child stopped: the supervisor's own mailbox decides what follows."""
+        if not self.stopping:
             self.in_flight.sent(self.ref.actor_urn)
             self.ref.tell(message)
 
-    # ---- routing (contract section 6) -----------------------------------------------------------------------
-
-    def _changed(self, state: str, key: str, old: Entry | None, new: Entry | None, ours: bool) -> None:
-        """Wake every judgment that read what one change of the cache touched (`ours`: the seat's own write), and
-        start the judgments a new node or key needs. Runs on the event loop: it never blocks."""
-        if state == PLACEMENT and new is not None and not is_token(key):
-            self._no_node(key)
-        elif state == REGISTRY and not ours:
-            self._registry_changed()
-        if self._stopping or not self._routing:
-            return
-        route = partial(self._route, state, key)
-        writers = self.dispatcher.writers(state, key) if ours else ()
-        self.dispatcher.changed(
-            touched(self.view, state, key, old, new), route, time.monotonic(), writers, self.cache.changes
-        )
-        if new is None:
-            return
-        node = group_of(state, key)
-        if state in NODE_STATES and not self.dispatcher.knows((COMPOSE, node)):
-            if not is_token(node):
-                # Section 7: a key whose node is not a token is bad input; nothing is composed for it (a placement
-                # key is said once, above).
-                if state != PLACEMENT:
-                    log.warning("%s %s names no node (%r is not a token): nothing is composed for it", state, key, node)
-            else:
-                self.dispatcher.add([(COMPOSE, node)], f"node:{node}")
-        if state == PROVISIONS:
-            # Every key is judged (rules/settle.py); a retiring one waiting for its answer is looked at (5.4).
-            if not self.dispatcher.knows((JUDGE, key)):
-                self.dispatcher.add([(JUDGE, key)], route)
-            p = new.get(r.Provision)
-            waits = p is not None and p.state == r.RETIRING and bool(p.ask) and p.warrant is None
-            if waits and not self.dispatcher.knows((LOOK, key)):
-                self.dispatcher.add([(LOOK, key)], ASKER)
-
-    def _route(self, state: str, key: str, j: Judgment) -> str:
-        """The actor that runs a judgment one change woke.
-
-        A node's composition runs at its node's actor, a look at the asker. The keys one change wakes are judged
-        together, in one batch of writes, by one actor: the provider's bound actor for its entries, else the
-        changed key's node's (a provider's have, a key whose state its dependents follow), else the key's own node.
-        Writes are compare-and-set, so the actor need not own them (design.md, "Parallel, not shared"); a shared
-        credential's change would otherwise wake hundreds of actors for one write each.
-        """
-        kind, subject = j
-        if kind == COMPOSE:
-            return f"node:{subject}"
-        if kind == LOOK:
-            return ASKER
-        if state.endswith(".bound") and state.removesuffix(".bound") in self.config.bound_reads:
-            return f"bound:{state.removesuffix('.bound')}"
-        node = group_of(state, key)
-        if state in (MODULES, MANIFESTS, BUILDS, ASK_RECORDS) or not is_token(node):
-            node = subject.split(".", 1)[0]
-        return f"node:{node}" if is_token(node) else ASKER
-
-    async def _stream_created(self, msg: Msg) -> None:
-        """A stream was created: if it is the router's, the asks not published for want of one go out now (5.4).
-
-        An ask that found no stream to take it is otherwise published only at its key's next change.
-        """
-        self._decided()
-
-    def _decided(self) -> None:
-        self.tell(ASKER, Decided())
-
-    def _resynced(self) -> None:
-        """After the connection came back and the cache caught up: every child judges all it owns again."""
-        log.info("the bus is back: every actor resynchronises")
+    def notice_dead(self) -> None:
+        """A child whose thread is gone without a word is handled as one that stopped."""
         with self._lock:
-            names = list(self._refs)
-        for name in names:
-            self.tell(name, Resync())
-
-    # ---- supervision ----------------------------------------------------------------------------------------
+            gone = [(n, ref) for n, ref in self._refs.items() if n not in self._waiting and not ref.is_alive()]
+        for name, ref in gone:
+            self.exited(ChildExited(name, ref.actor_urn, failed=True, why="its thread is gone"))
 
     def _on_exit(self, message: ChildExited) -> None:
         """One-for-one: restart the child that stopped after its backoff, unless past the restart intensity."""
@@ -481,7 +143,7 @@ class Supervisor:
             ref = self._refs.get(message.name)
             spec = self._specs.get(message.name)
             stale = ref is None or ref.actor_urn != message.urn or message.name in self._waiting
-            if self._stopping or spec is None or stale:
+            if self.stopping or spec is None or stale:
                 return
             self.in_flight.forget(message.urn)
             self._killed.discard(message.urn)
@@ -491,136 +153,91 @@ class Supervisor:
                 spec.restarts.popleft()
             spec.restarts.append(now)
             spec.total_restarts += 1
-            self.metrics.restarts.labels(message.name.split(":", 1)[0]).inc()
             if len(spec.restarts) > self.config.restart_intensity:
-                why = (
-                    f"{message.name} stopped {len(spec.restarts)} times within {self.config.restart_period:g} s "
-                    f"(last: {message.why}); the supervisor stops"
-                )
+                why = (f"{message.name} stopped {len(spec.restarts)} times within {self.config.restart_period:g} s "
+                       f"(last: {message.why}); the supervisor stops")
                 log.error("%s", why)
-                threading.Thread(target=self._fail, args=(why,), daemon=True).start()
+                threading.Thread(target=self.stop, args=(10.0, why), daemon=True).start()
                 return
-            delay = min(self.config.backoff_first * 2 ** (len(spec.restarts) - 1), self.config.backoff_max)
+            delay = backoff(len(spec.restarts), self.config.backoff_first, self.config.backoff_max)
+        self._on_exited(message.name)
+        self._on_restart(message.name.split(":", 1)[0])
         log.info("%s %s; restarting it in %.2f s", message.name, "crashed" if message.failed else "stopped", delay)
+        # Counted in flight from now until the restarted child was told to resynchronise.
         self.in_flight.sent("restart:" + message.name)
         timer = threading.Timer(delay, self._restart_due, args=(message.name,))
         timer.daemon = True
         timer.start()
 
     def _restart_due(self, name: str) -> None:
-        if self.ref.is_alive() and not self._stopping:
+        if self.ref.is_alive() and not self.stopping:
             self.ref.tell(Restart(name))
         else:
             self.in_flight.done("restart:" + name)
 
     def _restart(self, name: str) -> None:
-        with self._lock:
-            spec = self._specs.get(name)
-            restarted = spec is not None and not self._stopping
-            if spec is not None and restarted:
-                self._refs[name] = spec.start()
-                self._waiting.discard(name)
-        if restarted:
-            self._resync(name)
-            self.dispatcher.restarted(name)
-        self.in_flight.done("restart:" + name)
+        try:
+            with self._lock:
+                spec = self._specs.get(name)
+                restarted = spec is not None and not self.stopping
+                if spec is not None and restarted:
+                    self._refs[name] = spec.start()
+                    self._waiting.discard(name)
+            if restarted:
+                self._on_started(name)
+        finally:
+            self.in_flight.done("restart:" + name)
 
-    def _connection_closed(self) -> None:
-        """The connection is closed for good, and not by this supervisor's stop: no write can land and no change
-        come any more, so the supervisor fails as past its restart intensity, and its owner is told why."""
-        if self._stopping:
-            return
-        why = f"{closed_for_good(self.nc) or 'the NATS connection is closed for good'}; the supervisor stops"
-        log.error("%s", why)
-        threading.Thread(target=self._fail, args=(why,), daemon=True).start()
+    def later(self, delay: float, token: str, due: Callable[[], object]) -> None:
+        """Run `due` after `delay` seconds unless stopped meanwhile, counted in flight until it has run."""
+        self.in_flight.sent(token)
 
-    def _fail(self, why: str) -> None:
-        """Past the restart intensity: stop every child, then tell the owner why (a plain stop would say "")."""
-        self._shut_down(10.0, why=why)
-
-    # ---- the API of hosts, tests and chaos tools ------------------------------------------------------------
-
-    def compose(self, node: str) -> pykka.Future[r.Composed]:
-        """Compose a node now; answers a future of its `Composed`."""
-        name = self._node(node)
-        with self._lock:
-            ref = self._refs[name]
-            # A child down and waiting for its restart answers ActorDeadError: nothing of it is in flight (its
-            # restart composes the node anyway), and counting it would keep `wait_settled` waiting for ever.
-            if name not in self._waiting:
-                self.in_flight.sent(ref.actor_urn)
-        return ref.ask(ComposeNode(node), block=False)
-
-    def children(self) -> dict[str, pykka.ActorRef[Any]]:
-        """Each child's name (`node:<node>`, `bound:<provider>`, `asker`) and its current ref."""
-        with self._lock:
-            return {n: self._refs[n] for n in self._order if n in self._refs}
-
-    def kill(self, name: str) -> None:
-        """Make a child die as a crash would, at its next message; the supervisor restarts it."""
-        with self._lock:
-            ref = self._refs.get(name)
-            if ref is None:
-                raise KeyError(f"no child is named {name}")
-            self._killed.add(ref.actor_urn)
-        self.tell(name, Crash())
-
-    def wait_settled(self, timeout: float = 30.0) -> bool:
-        """True once every change on the bus has reached the cache, every mailbox is empty and no write pends."""
-        deadline = time.monotonic() + timeout
-        calm = 0
-        while time.monotonic() < deadline and not self._stopping:
-            self._notice_dead()
-            left = deadline - time.monotonic()
-            if not self.in_flight.wait_idle(max(left, 0)):
-                return False
+        def run() -> None:
             try:
-                caught_up = self.loop.run(self.cache.caught_up(), max(deadline - time.monotonic(), 0.1))
-            except TimeoutError:
-                return False  # the bus did not answer by the deadline (a paused or dead server): not settled
-            quiet = self.in_flight.total() == 0 and self.dispatcher.idle()
-            calm = calm + 1 if caught_up and quiet else 0
-            if calm >= 2:
-                return True
-        return False
+                if not self.stopping and self.ref.is_alive():
+                    due()
+            finally:
+                self.in_flight.done(token)
 
-    def _notice_dead(self) -> None:
-        """A child whose thread is gone without a word is handled as one that stopped."""
-        with self._lock:
-            gone = [(n, ref) for n, ref in self._refs.items() if n not in self._waiting and not ref.is_alive()]
-        for name, ref in gone:
-            self.exited(ChildExited(name, ref.actor_urn, failed=True, why="its thread is gone"))
+        timer = threading.Timer(delay, run)
+        timer.daemon = True
+        timer.start()
 
-    def status(self) -> SeatStatus:
-        """The children, their restarts, and whether the supervisor failed."""
+    # ---- stopping -------------------------------------------------------------------------------------------
+
+    def stop(self, timeout: float = 10.0, why: str = "") -> bool:
+        """Stop every child in reverse order of start, then `failed` says why ("": asked to); False when stopping
+        had begun already."""
         with self._lock:
-            children = {n: self._refs[n].is_alive() for n in self._order if n in self._refs}
-            restarts = {n: s.total_restarts for n, s in self._specs.items() if s.total_restarts}
-        failed = self.failed.result() if self.failed.done() else ""
-        return SeatStatus(children, restarts, failed, self.in_flight.total())
+            if self.stopping:
+                return False
+            self.stopping = True
+            refs = [self._refs[n] for n in reversed(self._order) if n in self._refs]
+        for ref in refs:
+            with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
+                ref.stop(block=True, timeout=timeout)
+        if self.ref.is_alive():
+            self.ref.stop(block=False)
+        if not self.failed.done():
+            self.failed.set_result(why)
+        return True
 
 
 class _SupervisorActor(pykka.ThreadingActor):
-    """The supervisor's own mailbox: child exits and restarts in order, and a host's `ComposeNode`, `Status`, `Stop`."""
+    """The supervisor's own mailbox: child exits and restarts, in order, and nothing else."""
 
     def __init__(self, sup: Supervisor) -> None:
         super().__init__()
         self.sup = sup
 
     def on_receive(self, message: Any) -> Any:
-        """Handle one message; counted in flight when it came from a child."""
+        """Handle one exit or restart; each was counted in flight by whoever told it."""
         try:
             if isinstance(message, ChildExited):
                 self.sup._on_exit(message)
             elif isinstance(message, Restart):
                 self.sup._restart(message.name)
-            elif isinstance(message, ComposeNode):
-                return self.sup.compose(message.node).get(timeout=self.sup.config.request_timeout * 6)
-            elif isinstance(message, Status):
-                return self.sup.status()
-            elif isinstance(message, Stop):
-                threading.Thread(target=self.sup.stop, daemon=True).start()
-            return None
         finally:
             if isinstance(message, ChildExited):
                 self.sup.in_flight.done(self.actor_urn)
+        return None

@@ -32,7 +32,7 @@ from faults.bus import (
     seat_state,
 )
 from mesh_provisioner.config import Config
-from mesh_provisioner.supervisor import Supervisor
+from mesh_provisioner.runtime import Runtime
 
 __all__ = [
     "ASKS_STREAM", "DECIDED", "SEAT_STATES", "Bus", "Seats", "assert_fixed_point", "bus", "comparable", "diff",
@@ -46,7 +46,7 @@ def seat_config(url: str, **overrides: Any) -> Config:
     return faults_bus.seat_config(url, **{"request_timeout": 5.0, **overrides})
 
 
-def settle(sup: Supervisor, timeout: float = 30.0) -> None:
+def settle(sup: Runtime, timeout: float = 30.0) -> None:
     """Wait until the seat is settled; fail the test if it is not within `timeout` seconds."""
     assert sup.wait_settled(timeout), f"the seat did not settle within {timeout} s: {sup.status()}"
 
@@ -68,11 +68,11 @@ class Seats:
     """Supervisors a test started, each stopped after it, whatever happened."""
 
     def __init__(self) -> None:
-        self.started: list[Supervisor] = []
+        self.started: list[Runtime] = []
 
-    def start(self, config: Config, **options: Any) -> Supervisor:
-        """Start a supervisor (as `Supervisor.start`) and keep it to stop after the test."""
-        sup = Supervisor.start(config, **options)
+    def start(self, config: Config, **options: Any) -> Runtime:
+        """Start a supervisor (as `Runtime.start`) and keep it to stop after the test."""
+        sup = Runtime.start(config, **options)
         self.started.append(sup)
         return sup
 
@@ -111,7 +111,7 @@ def seats() -> Iterator[Seats]:
 
 
 @pytest.fixture
-def sup(mesh: Bus, seats: Seats) -> Supervisor:
+def sup(mesh: Bus, seats: Seats) -> Runtime:
     """A seat serving the sample mesh, settled."""
     s = seats.start(seat_config(mesh.url))
     settle(s)

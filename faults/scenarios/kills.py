@@ -1,7 +1,7 @@
 """Random actor kills at a given rate during a seeded stream of changes (design.md, properties 3 and 4).
 
 A killer thread kills a random live child of the disturbed seat at random moments, `rate` a second on average: half
-through the chaos API (`Supervisor.kill`: it dies as a crash would, at its next message) and half by a stop from
+through the chaos API (`Runtime.kill`: it dies as a crash would, at its next message) and half by a stop from
 outside (`ActorRef.stop()`). The restart intensity is raised for the run: kills at this rate are far past the
 production limit (10 in 60 s) by design, and the point is what the restarted actors recover, not the give-up.
 """
@@ -18,14 +18,14 @@ from faults.bus import until
 from faults.mesh import final_changes, random_changes
 from faults.spies import CasSpy, spied_compositions, spied_supervisors
 from faults.twin import Params, Run, Twin, finish
-from mesh_provisioner.supervisor import Supervisor
+from mesh_provisioner.runtime import Runtime
 
 NAME = "kills"
 FAULTS = "actor kills (crash or stop), at random"
 CHANGES = 300
 
 
-def kill_one(sup: Supervisor, rng: random.Random) -> bool:
+def kill_one(sup: Runtime, rng: random.Random) -> bool:
     """Kill a random live child, by the chaos API or by a stop from outside; whether one was alive."""
     alive = [(n, ref) for n, ref in sup.children().items() if ref.is_alive()]
     if not alive:

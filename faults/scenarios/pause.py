@@ -20,8 +20,8 @@ from faults.bus import until
 from faults.mesh import final_changes, random_changes
 from faults.spies import CasSpy
 from faults.twin import Params, Run, Twin, finish
+from mesh_provisioner.runtime import Runtime
 from mesh_provisioner.seat import Seat
-from mesh_provisioner.supervisor import Supervisor
 
 NAME = "pause"
 FAULTS = "server pauses (SIGSTOP for 1.5 lease times, then SIGCONT) under a lease-holding seat"
@@ -36,7 +36,7 @@ def run(p: Params) -> Run:
     changes = random_changes(random.Random(p.seed), p.count(CHANGES))
     pauses = p.faults if p.faults is not None else PAUSES
     at = {(i + 1) * len(changes) // (pauses + 1) for i in range(pauses)}
-    holds: list[tuple[float, Supervisor | None]] = []
+    holds: list[tuple[float, Runtime | None]] = []
     resumed: list[float] = []
     with check.watching_errors() as errors, Twin(p.work) as twin:
         assert twin.server is not None

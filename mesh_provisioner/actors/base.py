@@ -6,7 +6,7 @@ child tells its supervisor when it stops, by a crash or by a stop nobody asked f
 not finished, so that `wait_settled` knows when every mailbox is empty and no write is in flight.
 
 An actor does no coalescing of its own: at each `Tick` it takes every judgment the dispatcher queued for it
-(runtime/dispatch.py), runs each over a view that records what it read, and hands the read set back.
+(actors/dispatch.py), runs each over a view that records what it read, and hands the read set back.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import pykka
 
+from mesh_provisioner.actors.dispatch import COMPOSE, JUDGE, LOOK, Dispatcher, Judgment
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import ChildExited, Crash, Message, Resync, Tick, Wake
 from mesh_provisioner.messages.writes import Write
@@ -27,7 +28,6 @@ from mesh_provisioner.metrics import Metrics
 from mesh_provisioner.rules.node import rejudge
 from mesh_provisioner.rules.reads import Reads
 from mesh_provisioner.rules.view import View
-from mesh_provisioner.runtime.dispatch import COMPOSE, JUDGE, LOOK, Dispatcher, Judgment
 
 log = logging.getLogger("mesh_provisioner.actors")
 

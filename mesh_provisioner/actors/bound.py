@@ -7,8 +7,8 @@ judges all of them, so a restarted one recovers whatever its dead predecessor's 
 from __future__ import annotations
 
 from mesh_provisioner.actors.base import InFlight, Seat, SeatActor
+from mesh_provisioner.actors.dispatch import JUDGE, Judgment
 from mesh_provisioner.rules.view import bound
-from mesh_provisioner.runtime.dispatch import JUDGE, Judgment
 
 
 class BoundActor(SeatActor):

@@ -1,6 +1,6 @@
 """NodeActor: one per node; composes its node, serially, and judges the keys the dispatcher queued for it.
 
-A node is never composed twice at once: only its own actor composes it, and the dispatcher (runtime/dispatch.py)
+A node is never composed twice at once: only its own actor composes it, and the dispatcher (actors/dispatch.py)
 keeps one entry per judgment, so ten changes arriving while it composes give one more composition, not ten, and a
 change the composition read while it ran is never lost (design.md, "Coalescing").
 """
@@ -13,13 +13,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from mesh_provisioner.actors.base import InFlight, Seat, SeatActor
+from mesh_provisioner.actors.dispatch import COMPOSE, JUDGE, Judgment
 from mesh_provisioner.actors.turns import Turns
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import ComposeNode
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.rules.node import compose_node
 from mesh_provisioner.rules.view import PROVISIONS
-from mesh_provisioner.runtime.dispatch import COMPOSE, JUDGE, Judgment
 
 log = logging.getLogger("mesh_provisioner.actors.node")
 

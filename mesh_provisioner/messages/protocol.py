@@ -18,7 +18,7 @@ class Tick(Message, frozen=True):
 
 
 class Wake(Message, frozen=True):
-    """To an actor: queue these judgments (`(kind, subject)`, runtime/dispatch.py) to run whatever they read, as a
+    """To an actor: queue these judgments (`(kind, subject)`, actors/dispatch.py) to run whatever they read, as a
     write the bus failed is retried after a backoff."""
 
     judgments: tuple[tuple[str, str], ...]

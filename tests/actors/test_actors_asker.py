@@ -13,12 +13,12 @@ from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules.retire import ask_of
 from mesh_provisioner.rules.view import ASK_RECORDS, BUILDS, MANIFESTS, MODULES, PLACEMENT
-from mesh_provisioner.supervisor import Supervisor
+from mesh_provisioner.runtime import Runtime
 
 OLDAPP = "bee.oldapp.postgres-database"  # retiring in the sample mesh: nothing places oldapp any more
 
 
-def test_a_retiring_keys_ask_is_published_once_with_its_id(sup: Supervisor, mesh: Bus) -> None:
+def test_a_retiring_keys_ask_is_published_once_with_its_id(sup: Runtime, mesh: Bus) -> None:
     p = mesh.provision(OLDAPP)
     assert p is not None and p.state == r.RETIRING and p.ask
     asks = mesh.asks_published()
@@ -55,7 +55,7 @@ def _ended(key: str, p: r.Provision, outcome: str) -> bytes:
 
 
 @pytest.mark.parametrize("outcome", ["expired", "withdrawn"])
-def test_5_4_ask_ended_undecided_is_asked_again(sup: Supervisor, mesh: Bus, outcome: str) -> None:
+def test_5_4_ask_ended_undecided_is_asked_again(sup: Runtime, mesh: Bus, outcome: str) -> None:
     p = mesh.provision(OLDAPP)
     assert p is not None and p.ask
     first = ask_of(OLDAPP, p)

@@ -21,7 +21,7 @@ from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import Resync, Wake
 from mesh_provisioner.rules.node import Result
 from mesh_provisioner.rules.view import BUILDS, MANIFESTS, MODULES, PLACEMENT, PROVISIONS, WANTS, View
-from mesh_provisioner.supervisor import Supervisor
+from mesh_provisioner.runtime import Runtime
 
 HOLD = 30.0  # the most a held composition waits for its release: a failing test ends, it does not hang
 
@@ -76,7 +76,7 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> Iterator[ComposeSpy]:
             gate.set()
 
 
-def test_a_node_never_composes_twice_at_once(spy: ComposeSpy, sup: Supervisor, mesh: Bus) -> None:
+def test_a_node_never_composes_twice_at_once(spy: ComposeSpy, sup: Runtime, mesh: Bus) -> None:
     gate = spy.hold("ace")
     sup.tell("node:ace", Wake((("compose", "ace"),)))
     assert spy.entered["ace"].wait(HOLD)
@@ -104,7 +104,7 @@ def test_a_node_never_composes_twice_at_once(spy: ComposeSpy, sup: Supervisor, m
     assert_fixed_point(mesh)
 
 
-def test_a_slow_node_delays_no_other(spy: ComposeSpy, sup: Supervisor, mesh: Bus) -> None:
+def test_a_slow_node_delays_no_other(spy: ComposeSpy, sup: Runtime, mesh: Bus) -> None:
     gate = spy.hold("ace")
     mesh.put(WANTS, "want.ace.keycloak", {"fp": "kc2"})  # wakes ace, which now composes until released
     assert spy.entered["ace"].wait(HOLD)
@@ -125,7 +125,7 @@ def test_a_slow_node_delays_no_other(spy: ComposeSpy, sup: Supervisor, mesh: Bus
     assert_fixed_point(mesh)
 
 
-def test_a_hundred_changes_during_a_composition_give_one_more(spy: ComposeSpy, sup: Supervisor) -> None:
+def test_a_hundred_changes_during_a_composition_give_one_more(spy: ComposeSpy, sup: Runtime) -> None:
     gate = spy.hold("bee")
     sup.tell("node:bee", Wake((("compose", "bee"),)))
     assert spy.entered["bee"].wait(HOLD)
@@ -140,7 +140,7 @@ def test_a_hundred_changes_during_a_composition_give_one_more(spy: ComposeSpy, s
     assert spy.most["bee"] == 1
 
 
-def test_a_change_arriving_during_a_composition_is_never_lost(spy: ComposeSpy, sup: Supervisor, mesh: Bus) -> None:
+def test_a_change_arriving_during_a_composition_is_never_lost(spy: ComposeSpy, sup: Runtime, mesh: Bus) -> None:
     gate = spy.hold("bee")
     sup.tell("node:bee", Wake((("compose", "bee"),)))
     assert spy.entered["bee"].wait(HOLD)
@@ -154,7 +154,7 @@ def test_a_change_arriving_during_a_composition_is_never_lost(spy: ComposeSpy, s
 
 
 def test_a_composition_asked_for_that_fails_loses_no_pending_change(
-    spy: ComposeSpy, sup: Supervisor, mesh: Bus, monkeypatch: pytest.MonkeyPatch
+    spy: ComposeSpy, sup: Runtime, mesh: Bus, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gate = spy.hold("bee")
     sup.tell("node:bee", Wake((("compose", "bee"),)))
@@ -196,7 +196,7 @@ def _place_notifier(mesh: Bus) -> None:
 
 
 def test_a_wake_caused_by_the_nodes_own_composition_composes_nothing_again(
-    spy: ComposeSpy, sup: Supervisor, mesh: Bus
+    spy: ComposeSpy, sup: Runtime, mesh: Bus
 ) -> None:
     _place_notifier(mesh)
     settle(sup)
@@ -213,7 +213,7 @@ def test_a_wake_caused_by_the_nodes_own_composition_composes_nothing_again(
 
 
 def test_a_change_of_the_nodes_key_by_another_writer_still_wakes_it(
-    spy: ComposeSpy, sup: Supervisor, mesh: Bus
+    spy: ComposeSpy, sup: Runtime, mesh: Bus
 ) -> None:
     _place_notifier(mesh)
     mesh.put(PLACEMENT, "bee", {"node": "bee", "modules": [{"module": m} for m in ("webapp", "reports", "mailer",

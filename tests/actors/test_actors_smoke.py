@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from seatbus import Bus, assert_fixed_point
 
-from mesh_provisioner.supervisor import Supervisor
+from mesh_provisioner.runtime import Runtime
 
 
-def test_sample_mesh_settles_at_a_fixed_point(sup: Supervisor, mesh: Bus) -> None:
+def test_sample_mesh_settles_at_a_fixed_point(sup: Runtime, mesh: Bus) -> None:
     assert mesh.plan("ace.gitea") is not None
     assert_fixed_point(mesh)

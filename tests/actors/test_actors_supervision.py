@@ -16,15 +16,15 @@ from mesh_provisioner.actors import node as node_actor
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import Wake
 from mesh_provisioner.rules.view import HAVE, PROVISIONS, WANTS
-from mesh_provisioner.supervisor import Supervisor
+from mesh_provisioner.runtime import Runtime
 
 
-def dead(sup: Supervisor, name: str) -> bool:
+def dead(sup: Runtime, name: str) -> bool:
     """Whether a child is down, waiting for its restart."""
     return not sup.children()[name].is_alive()
 
 
-def restarted(sup: Supervisor, name: str, old: pykka.ActorRef[Any]) -> bool:
+def restarted(sup: Runtime, name: str, old: pykka.ActorRef[Any]) -> bool:
     """Whether a child runs again as another instance than `old`."""
     ref = sup.children()[name]
     return ref.actor_urn != old.actor_urn and ref.is_alive()
@@ -78,7 +78,7 @@ def test_a_child_whose_work_raises_is_restarted(
     assert_fixed_point(mesh)
 
 
-def test_each_kind_of_child_is_restarted(sup: Supervisor, mesh: Bus) -> None:
+def test_each_kind_of_child_is_restarted(sup: Runtime, mesh: Bus) -> None:
     names = sorted(sup.children())
     assert {"asker", "bound:postgres", "node:ace", "node:bee"} <= set(names)
     for name in names:
@@ -133,7 +133,7 @@ def test_past_the_restart_intensity_children_stop_in_reverse_order_and_the_owner
     assert sup.status().failed == why
 
 
-def test_a_connection_closed_for_good_fails_the_supervisor_and_the_owner_is_told_why(sup: Supervisor) -> None:
+def test_a_connection_closed_for_good_fails_the_supervisor_and_the_owner_is_told_why(sup: Runtime) -> None:
     # A server's error nats-py takes as final closes the connection for good (here a subject past the server's
     # control line, as the seat's writes at a key too long once made): the seat can neither write nor hear again.
     sup.loop.run(sup.nc.publish("x" * 5000, b""), 5)
@@ -143,7 +143,7 @@ def test_a_connection_closed_for_good_fails_the_supervisor_and_the_owner_is_told
     assert sup.status().failed == why
 
 
-def test_a_restart_within_the_intensity_does_not_fail(sup: Supervisor) -> None:
+def test_a_restart_within_the_intensity_does_not_fail(sup: Runtime) -> None:
     old = sup.children()["node:bee"]
     sup.kill("node:bee")
     wait_until(lambda: restarted(sup, "node:bee", old), 10, what="bee restarted")
@@ -202,7 +202,7 @@ def test_reconcile_judges_every_key_of_a_node_held_modules_too(bus: Bus, seats: 
     assert p is not None and p.state == r.PROVIDED, p  # keycloak runs healthy at its want
 
 
-def test_a_key_naming_no_node_gets_no_actor(sup: Supervisor, mesh: Bus) -> None:
+def test_a_key_naming_no_node_gets_no_actor(sup: Runtime, mesh: Bus) -> None:
     children = set(sup.children())
     # Valid key-value keys whose node is not a token (contract 1, 7): bad input, named, and no actor made for it.
     mesh.put(HAVE, "a=b.gitea", {"fp": "gt1", "phase": "running", "health": "ok"})

@@ -29,7 +29,7 @@ from mesh_provisioner.rules.view import (
     WANTS,
     bound,
 )
-from mesh_provisioner.supervisor import Supervisor
+from mesh_provisioner.runtime import Runtime
 
 ACE = ["postgres", "gitea", "mesh-vault", "keycloak"]
 BEE = ["webapp", "reports", "mailer"]
@@ -52,7 +52,7 @@ def state_of(bus: Bus, key: str) -> str:
     return p.state
 
 
-def change(sup: Supervisor, bus: Bus, state: str, key: str, value: dict[str, Any] | None) -> None:
+def change(sup: Runtime, bus: Bus, state: str, key: str, value: dict[str, Any] | None) -> None:
     """Make one change as another module, then wait until the seat has done all it wakes."""
     bus.write(state, key, value)
     settle(sup)
@@ -61,7 +61,7 @@ def change(sup: Supervisor, bus: Bus, state: str, key: str, value: dict[str, Any
 # ---- mesh-controller.placement ----------------------------------------------------------------------------------
 
 
-def test_placement_added_module_composes_its_node(sup: Supervisor, mesh: Bus) -> None:
+def test_placement_added_module_composes_its_node(sup: Runtime, mesh: Bus) -> None:
     assert mesh.plan("ace.mailer") is None
     change(sup, mesh, PLACEMENT, "ace", placement("ace", [*ACE, "mailer"]))
     assert providers(mesh, "ace.mailer") == {"postgres-database": "postgres@ace"}
@@ -69,7 +69,7 @@ def test_placement_added_module_composes_its_node(sup: Supervisor, mesh: Bus) ->
     assert_fixed_point(mesh)
 
 
-def test_placement_removed_module_loses_its_plan_and_its_keys_retire(sup: Supervisor, mesh: Bus) -> None:
+def test_placement_removed_module_loses_its_plan_and_its_keys_retire(sup: Runtime, mesh: Bus) -> None:
     # A module a want names is composed even where it is not placed (5.1, 1): its want goes first.
     change(sup, mesh, WANTS, "want.bee.mailer", {"fp": "", "removed": True})
     assert mesh.plan("bee.mailer") is not None
@@ -81,7 +81,7 @@ def test_placement_removed_module_loses_its_plan_and_its_keys_retire(sup: Superv
     assert_fixed_point(mesh)
 
 
-def test_placement_elsewhere_moves_the_provider_choice(sup: Supervisor, mesh: Bus) -> None:
+def test_placement_elsewhere_moves_the_provider_choice(sup: Runtime, mesh: Bus) -> None:
     assert providers(mesh, "bee.webapp")["oidc-client"] == "keycloak@ace"
     # keycloak placed on a second node: two candidates and nothing resolved holds webapp on bee (5.1, 3).
     change(sup, mesh, PLACEMENT, "cat", placement("cat", ["keycloak"]))
@@ -97,7 +97,7 @@ def test_placement_elsewhere_moves_the_provider_choice(sup: Supervisor, mesh: Bu
 
 
 def test_placement_of_mesh_vault_removed_and_added_wakes_every_node_with_a_credential(
-    sup: Supervisor, mesh: Bus
+    sup: Runtime, mesh: Bus
 ) -> None:
     cred = "bee.mailer.postgres-database-credential.mail"
     p = mesh.provision(cred)
@@ -117,7 +117,7 @@ def test_placement_of_mesh_vault_removed_and_added_wakes_every_node_with_a_crede
 # ---- mesh-assigner.wants ----------------------------------------------------------------------------------------
 
 
-def test_wants_change_composes_that_node(sup: Supervisor, mesh: Bus) -> None:
+def test_wants_change_composes_that_node(sup: Runtime, mesh: Bus) -> None:
     change(sup, mesh, WANTS, "want.bee.mailer", {"fp": "ml9"})
     held = mesh.refusal("bee.mailer")
     assert held is not None and "ml9" in held.why, held
@@ -135,7 +135,7 @@ KEYCLOAK_S3 = {"name": "keycloak", "provides": ["oidc-client", "object-storage"]
 KEYCLOAK = {"name": "keycloak", "provides": ["oidc-client"]}
 
 
-def test_modules_registration_now_providing_composes_the_nodes_waiting_for_it(sup: Supervisor, mesh: Bus) -> None:
+def test_modules_registration_now_providing_composes_the_nodes_waiting_for_it(sup: Runtime, mesh: Bus) -> None:
     assert mesh.refusal("bee.reports") is not None
     change(sup, mesh, MANIFESTS, "m-keycloak2", KEYCLOAK_S3)  # named by no module yet: wakes nothing
     change(sup, mesh, MODULES, "keycloak", {"module": "keycloak", "fp": "kc2", "manifest": "m-keycloak2"})
@@ -144,7 +144,7 @@ def test_modules_registration_now_providing_composes_the_nodes_waiting_for_it(su
     assert_fixed_point(mesh)
 
 
-def test_manifest_no_longer_providing_holds_the_nodes_needing_it(sup: Supervisor, mesh: Bus) -> None:
+def test_manifest_no_longer_providing_holds_the_nodes_needing_it(sup: Runtime, mesh: Bus) -> None:
     change(sup, mesh, MANIFESTS, "m-keycloak2", KEYCLOAK_S3)
     change(sup, mesh, MODULES, "keycloak", {"module": "keycloak", "fp": "kc2", "manifest": "m-keycloak2"})
     assert mesh.plan("bee.reports") is not None
@@ -167,7 +167,7 @@ GITEA_OIDC = {
 }
 
 
-def test_build_record_naming_another_manifest_composes_the_nodes_the_module_is_on(sup: Supervisor, mesh: Bus) -> None:
+def test_build_record_naming_another_manifest_composes_the_nodes_the_module_is_on(sup: Runtime, mesh: Bus) -> None:
     change(sup, mesh, MANIFESTS, "m-gitea2", GITEA_OIDC)
     change(sup, mesh, BUILDS, "gitea.gt1", {"module": "gitea", "fp": "gt1", "manifest": "m-gitea2"})
     assert providers(mesh, "ace.gitea") == {"oidc-client": "keycloak@ace", "postgres-database": "postgres@ace"}
@@ -178,7 +178,7 @@ def test_build_record_naming_another_manifest_composes_the_nodes_the_module_is_o
 # ---- node-engine.have -------------------------------------------------------------------------------------------
 
 
-def test_have_of_a_provider_judges_its_keys_on_other_nodes(sup: Supervisor, mesh: Bus) -> None:
+def test_have_of_a_provider_judges_its_keys_on_other_nodes(sup: Runtime, mesh: Bus) -> None:
     assert state_of(mesh, "bee.webapp.oidc-client") == r.PROVIDED
     change(sup, mesh, HAVE, "ace.keycloak", {"fp": "kc1", "phase": "failed", "health": "failed", "detail": "oom"})
     p = mesh.provision("bee.webapp.oidc-client")
@@ -189,7 +189,7 @@ def test_have_of_a_provider_judges_its_keys_on_other_nodes(sup: Supervisor, mesh
     assert_fixed_point(mesh)
 
 
-def test_have_of_a_module_with_no_want_composes_it_at_that_build(sup: Supervisor, mesh: Bus) -> None:
+def test_have_of_a_module_with_no_want_composes_it_at_that_build(sup: Runtime, mesh: Bus) -> None:
     # bee runs mailer at ml1 with no want: it is composed at the build its have names.
     change(sup, mesh, WANTS, "want.bee.mailer", {"fp": "", "removed": True})
     change(sup, mesh, HAVE, "bee.mailer", {"fp": "ml9", "phase": "running", "health": "ok"})
@@ -201,7 +201,7 @@ def test_have_of_a_module_with_no_want_composes_it_at_that_build(sup: Supervisor
 # ---- mesh-config.resolved ---------------------------------------------------------------------------------------
 
 
-def test_resolved_choice_composes_that_node(sup: Supervisor, mesh: Bus) -> None:
+def test_resolved_choice_composes_that_node(sup: Runtime, mesh: Bus) -> None:
     change(sup, mesh, PLACEMENT, "cat", placement("cat", ["keycloak"]))
     assert mesh.refusal("bee.webapp") is not None
     change(sup, mesh, RESOLVED, "bee.webapp", {"providers": {"oidc-client": "cat"}})
@@ -216,7 +216,7 @@ def test_resolved_choice_composes_that_node(sup: Supervisor, mesh: Bus) -> None:
 # ---- <provider>.bound -------------------------------------------------------------------------------------------
 
 
-def test_bound_entry_sets_that_keys_state(sup: Supervisor, mesh: Bus) -> None:
+def test_bound_entry_sets_that_keys_state(sup: Runtime, mesh: Bus) -> None:
     assert state_of(mesh, "bee.webapp.forge-account") == r.WAITS
     change(sup, mesh, bound("gitea"), "bee.webapp.forge-account", {"state": "provided", "vault-name": "v/forge"})
     p = mesh.provision("bee.webapp.forge-account")
@@ -230,7 +230,7 @@ def test_bound_entry_sets_that_keys_state(sup: Supervisor, mesh: Bus) -> None:
 # ---- the seat's own plan written or deleted ---------------------------------------------------------------------
 
 
-def test_providers_plan_written_moves_its_consumers_depends_on(sup: Supervisor, mesh: Bus) -> None:
+def test_providers_plan_written_moves_its_consumers_depends_on(sup: Runtime, mesh: Bus) -> None:
     p = mesh.provision("bee.webapp.forge-account")
     assert p is not None and p.depends_on == ("ace.gitea.postgres-database.main",)
     # A build of gitea that needs an oidc client too; only ace's want names it, so only ace is woken by the
@@ -246,7 +246,7 @@ def test_providers_plan_written_moves_its_consumers_depends_on(sup: Supervisor, 
 # ---- a provision key's state ------------------------------------------------------------------------------------
 
 
-def test_a_keys_state_judges_again_the_keys_depending_on_it(sup: Supervisor, mesh: Bus) -> None:
+def test_a_keys_state_judges_again_the_keys_depending_on_it(sup: Runtime, mesh: Bus) -> None:
     # ci on bee needs gitea's npm registry, which gitea answers by its have (not its helper): provided once all
     # the key depends on (gitea's own database on ace) is provided.
     change(sup, mesh, MANIFESTS, "m-ci", {"name": "ci", "requires": [{"provision": "npm-package-registry"}]})
@@ -277,7 +277,7 @@ WEBAPP_OWN_DB = {
 }
 
 
-def test_depends_on_no_longer_naming_a_key_lets_its_node_retire_it(sup: Supervisor, mesh: Bus) -> None:
+def test_depends_on_no_longer_naming_a_key_lets_its_node_retire_it(sup: Runtime, mesh: Bus) -> None:
     shared = "ace.postgres.postgres-database-credential"
     assert state_of(mesh, shared) == r.PROVIDED  # bee's webapp depends on postgres' shared credential
     # webapp's new build needs the database with no credential: nothing depends on the shared one any more, which
@@ -296,7 +296,7 @@ def test_depends_on_no_longer_naming_a_key_lets_its_node_retire_it(sup: Supervis
 # ---- the seat's own states, written by another writer -------------------------------------------------------
 
 
-def test_a_provision_state_another_writer_forged_is_judged_again_at_once(sup: Supervisor, mesh: Bus) -> None:
+def test_a_provision_state_another_writer_forged_is_judged_again_at_once(sup: Runtime, mesh: Bus) -> None:
     key = "bee.webapp.oidc-client"
     p = mesh.provision(key)
     assert p is not None and p.state == r.PROVIDED
@@ -308,7 +308,7 @@ def test_a_provision_state_another_writer_forged_is_judged_again_at_once(sup: Su
     assert_fixed_point(mesh)
 
 
-def test_a_provision_key_another_writer_made_is_composed_by_its_node_at_once(sup: Supervisor, mesh: Bus) -> None:
+def test_a_provision_key_another_writer_made_is_composed_by_its_node_at_once(sup: Runtime, mesh: Bus) -> None:
     # bee's reports is held for want of object-storage (its composition leaves its keys as they are, but their state
     # follows their provider); cat is placed nowhere and has no actor yet (its composition retires what it holds).
     made = {"bee.reports.object-storage": r.ASKED, "cat.webapp.postgres-database": r.RETIRING}
@@ -325,7 +325,7 @@ def test_a_provision_key_another_writer_made_is_composed_by_its_node_at_once(sup
 # ---- asks.decided.mesh-provisioner ------------------------------------------------------------------------------
 
 
-def test_decided_writes_the_warrant_and_the_key_retires_once_its_provider_let_go(sup: Supervisor, mesh: Bus) -> None:
+def test_decided_writes_the_warrant_and_the_key_retires_once_its_provider_let_go(sup: Runtime, mesh: Bus) -> None:
     key = "bee.oldapp.postgres-database"
     p = mesh.provision(key)
     assert p is not None and p.state == r.RETIRING and p.ask
@@ -338,7 +338,7 @@ def test_decided_writes_the_warrant_and_the_key_retires_once_its_provider_let_go
 
 
 def test_decided_then_provider_removing_its_entry_deletes_the_key_and_wakes_the_nodes_it_named(
-    sup: Supervisor, mesh: Bus
+    sup: Runtime, mesh: Bus
 ) -> None:
     key, shared = "bee.webapp.postgres-database", "ace.postgres.postgres-database-credential"
     change(sup, mesh, WANTS, "want.bee.webapp", {"fp": "", "removed": True})
@@ -363,7 +363,7 @@ def test_decided_then_provider_removing_its_entry_deletes_the_key_and_wakes_the_
     assert_fixed_point(mesh)
 
 
-def test_decided_with_an_answer_bound_to_another_act_is_refused(sup: Supervisor, mesh: Bus) -> None:
+def test_decided_with_an_answer_bound_to_another_act_is_refused(sup: Runtime, mesh: Bus) -> None:
     key = "bee.oldapp.postgres-database"
     p = mesh.provision(key)
     assert p is not None and p.ask

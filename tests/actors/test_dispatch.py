@@ -1,4 +1,4 @@
-"""The dispatcher (runtime/dispatch.py): wakes by read sets, one entry per judgment, no change lost, no self-wake.
+"""The dispatcher (actors/dispatch.py): wakes by read sets, one entry per judgment, no change lost, no self-wake.
 
 It is the seat's one work queue; these tests drive it as the actors and the cache do, with a recorder for the ticks
 it sends, and the rules' own recording view over a MemoryView.
@@ -6,9 +6,9 @@ it sends, and the rules' own recording view over a MemoryView.
 
 from __future__ import annotations
 
+from mesh_provisioner.actors.dispatch import COMPOSE, JUDGE, Dispatcher
 from mesh_provisioner.rules.reads import Reads, token
 from mesh_provisioner.rules.view import MemoryView
-from mesh_provisioner.runtime.dispatch import COMPOSE, JUDGE, Dispatcher
 
 ACE = (COMPOSE, "ace")
 KEY = (JUDGE, "ace.app.db")

@@ -12,7 +12,7 @@ from seatbus import Bus, assert_fixed_point, settle
 
 from mesh_provisioner.rules.keys import MAX_TOKEN, is_token
 from mesh_provisioner.rules.view import PLACEMENT, REFUSED
-from mesh_provisioner.supervisor import Supervisor
+from mesh_provisioner.runtime import Runtime
 
 LONG = "a" * 100_000
 
@@ -22,7 +22,7 @@ def test_a_token_has_at_most_max_token_characters() -> None:
     assert not is_token("a" * (MAX_TOKEN + 1))
 
 
-def test_a_placed_module_of_a_long_name_is_named_and_the_seat_goes_on(sup: Supervisor, mesh: Bus) -> None:
+def test_a_placed_module_of_a_long_name_is_named_and_the_seat_goes_on(sup: Runtime, mesh: Bus) -> None:
     mesh.put(PLACEMENT, "cat", {"node": "cat", "modules": [{"module": LONG}, {"module": "minio"}]})
     settle(sup)
     assert sup.nc.is_connected

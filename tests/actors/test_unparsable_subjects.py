@@ -17,11 +17,11 @@ from seatbus import Bus, assert_fixed_point, settle
 
 from mesh_provisioner.bus.connection import link
 from mesh_provisioner.rules.view import PLACEMENT, WANTS, bucket
-from mesh_provisioner.supervisor import Supervisor
+from mesh_provisioner.runtime import Runtime
 
 
 def test_a_key_nats_py_could_not_parse_is_named_and_the_seat_keeps_its_connection(
-    sup: Supervisor, mesh: Bus, caplog: pytest.LogCaptureFixture
+    sup: Runtime, mesh: Bus, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, "mesh_provisioner")
     reconnects = link(sup.nc).reconnects

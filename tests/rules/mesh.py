@@ -4,7 +4,7 @@
 choices, providers' entries, the router's records). `settle` composes every node and judges every key again,
 applying each write as a compare-and-set, until a round writes nothing (contract section 6's fixed point).
 `wake_settle` starts from one change and does only what the recorded read sets say it wakes, transitively, as the
-dispatcher does (runtime/dispatch.py): a full `settle` after it that still writes has found a missing wake-up.
+dispatcher does (actors/dispatch.py): a full `settle` after it that still writes has found a missing wake-up.
 """
 
 from __future__ import annotations

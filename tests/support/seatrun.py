@@ -2,8 +2,8 @@
 
 `Runner` keeps one server and one connection of another module (`faults.bus.Bus`) for many meshes. For each mesh it
 empties every bucket (a purge of each stream: far quicker than deleting and creating them), plays the mesh's
-history (tests/support/meshgen.py) while a seat runs (`Supervisor.start`), with the history's kills
-(`Supervisor.kill`), waits and server restarts, waits until the seat settles, reads every state back from the
+history (tests/support/meshgen.py) while a seat runs (`Runtime.start`), with the history's kills
+(`Runtime.kill`), waits and server restarts, waits until the seat settles, reads every state back from the
 server, and compares (tests/support/differential.py): the bus with `settle()` of the final inputs, key by key, and
 the bus with its own fixed point.
 """
@@ -27,7 +27,7 @@ from mesh_provisioner.bus.embedded import EmbeddedServer
 from mesh_provisioner.cli import reconcile
 from mesh_provisioner.config import Config
 from mesh_provisioner.rules.view import MemoryView, bucket
-from mesh_provisioner.supervisor import Supervisor
+from mesh_provisioner.runtime import Runtime
 from tests.support.differential import compare, expected, inputs_of, off_fixed_point
 from tests.support.meshgen import BOUND_READS, Generated, Op, generate
 
@@ -165,7 +165,7 @@ class Runner:
         started = time.monotonic()
         out = Outcome(mesh.seed, history=mesh.history())
         self.wipe()
-        sup: Supervisor | None = None
+        sup: Runtime | None = None
         try:
             batch: list[Op] = []
             for op in mesh.ops:
@@ -175,7 +175,7 @@ class Runner:
                 self.write(batch)
                 batch = []
                 if op.kind == "start":
-                    sup = Supervisor.start(self.config)
+                    sup = Runtime.start(self.config)
                 elif op.kind == "kill" and sup is not None:
                     children = sorted(sup.children())
                     sup.kill(children[op.pick % len(children)])

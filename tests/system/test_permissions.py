@@ -30,8 +30,8 @@ from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.verb import SUBJECT, serve_verb
 from mesh_provisioner.config import Config
 from mesh_provisioner.rules.view import OWN, PLACEMENT, PROVISIONS, bucket
+from mesh_provisioner.runtime import Runtime
 from mesh_provisioner.samples import sample_mesh
-from mesh_provisioner.supervisor import Supervisor
 
 CONF = Path(__file__).resolve().parents[2] / "deploy" / "nats-server.conf"
 SEAT_PASSWORD = "seat-test-password"
@@ -104,7 +104,7 @@ def load_the_mesh(server: EmbeddedServer) -> None:
 
 def test_the_seat_settles_and_serves_as_its_user_without_a_violation(server: EmbeddedServer) -> None:
     load_the_mesh(server)
-    sup = Supervisor.start(Config(nats=server.url, user="seat", password=SEAT_PASSWORD))
+    sup = Runtime.start(Config(nats=server.url, user="seat", password=SEAT_PASSWORD))
     try:
         assert sup.wait_settled(60), "the seat did not settle under its permissions"
     finally:

@@ -12,7 +12,7 @@ from seatbus import Bus, Seats, assert_fixed_point, seat_config, settle
 
 from mesh_provisioner.actors import node as node_actor
 from mesh_provisioner.rules.view import WANTS
-from mesh_provisioner.supervisor import Supervisor
+from mesh_provisioner.runtime import Runtime
 
 Events = tuple[threading.Event, threading.Event, threading.Event]
 
@@ -58,7 +58,7 @@ def test_a_write_timed_out_on_a_paused_server_is_not_lost(
     assert_fixed_point(mesh)
 
 
-def test_wait_settled_answers_false_on_a_server_that_does_not_answer(nats_server: NatsServer, sup: Supervisor) -> None:
+def test_wait_settled_answers_false_on_a_server_that_does_not_answer(nats_server: NatsServer, sup: Runtime) -> None:
     # Asking the bus whether every change has reached the cache waits for answers that do not come: past the
     # deadline the seat is not settled, as `wait_settled` promises, rather than a TimeoutError out of the bus loop.
     nats_server.pause()

@@ -1,0 +1,487 @@
+"""The runtime: the one seat object that `serve`, `reconcile`, `demo`, the chaos tests and embedders start, wait on
+and stop (design.md, "The shape").
+
+It joins the three parts of the seat: the bus (the watched cache, compare-and-set writes, the operator's channel),
+the dispatcher (actors/dispatch.py: each change of the cache wakes the judgments whose last reads it touched) and
+the supervisor (supervisor.py: the actors, started and restarted). The actors work through it: it is their `Seat`
+(actors/base.py). Usable from a larger runtime: it can run on the host's NATS connection and event loop, stops only
+its own actors, installs no signal handler and configures no logging, and answers a host's actors' `ComposeNode`,
+`Status` and `Stop` at `ref`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any
+
+import pykka
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from mesh_provisioner.actors.asker import AskerActor
+from mesh_provisioner.actors.base import InFlight
+from mesh_provisioner.actors.bound import BoundActor
+from mesh_provisioner.actors.dispatch import COMPOSE, JUDGE, LOOK, Dispatcher, Judgment
+from mesh_provisioner.actors.node import NodeActor
+from mesh_provisioner.actors.turns import Turns
+from mesh_provisioner.backoff import backoff
+from mesh_provisioner.bus.asks import Asks
+from mesh_provisioner.bus.cache import Cache
+from mesh_provisioner.bus.connection import (
+    closed_for_good,
+    config_buckets_wait,
+    connect_config,
+    ensure_config_buckets,
+    link,
+)
+from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.bus.registry import RegistryWriter
+from mesh_provisioner.bus.store import Applied, Store
+from mesh_provisioner.config import Config
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.messages.protocol import (
+    ChildExited,
+    ComposeNode,
+    Decided,
+    Message,
+    Resync,
+    SeatStatus,
+    Status,
+    Stop,
+    Tick,
+)
+from mesh_provisioner.messages.writes import Write
+from mesh_provisioner.metrics import Metrics
+from mesh_provisioner.rules.keys import is_token
+from mesh_provisioner.rules.order import providers_first
+from mesh_provisioner.rules.reads import NODE_STATES, Reads, known_nodes, touched
+from mesh_provisioner.rules.retire import retire_needs
+from mesh_provisioner.rules.signature import make_verify
+from mesh_provisioner.rules.view import (
+    ASK_RECORDS,
+    BUILDS,
+    MANIFESTS,
+    MODULES,
+    PLACEMENT,
+    PROVISIONS,
+    REGISTRY,
+    Entry,
+    MemoryView,
+    group_of,
+    not_a_node,
+    not_nodes,
+)
+from mesh_provisioner.supervisor import Supervisor
+
+log = logging.getLogger("mesh_provisioner.runtime")
+
+ASKER = "asker"
+# JetStream's advisory of a stream created: the router's, which takes asks, may be one (contract 5.4).
+STREAM_CREATED = "$JS.EVENT.ADVISORY.STREAM.CREATED.*"
+
+
+class Runtime:
+    """One seat: its bus, its dispatcher, its supervised actors, and the API a host, a test or a chaos tool uses."""
+
+    def __init__(
+        self, config: Config, loop: EventLoopThread, nc: Client, *, owns_nc: bool, metrics: Metrics | None = None
+    ) -> None:
+        self.config = config
+        self.loop = loop
+        self.nc = nc
+        self.owns_nc = owns_nc
+        self.in_flight = InFlight()
+        self.dispatcher = Dispatcher(self._kick)
+        self.metrics = metrics or Metrics()
+        self.metrics.cache_keys.set_function(lambda: len(self.cache.view))
+        self.cache = Cache(nc, bound_reads=config.bound_reads, on_change=self._changed, on_resync=self._resynced,
+                           request_timeout=config.request_timeout)
+        self.store = Store(nc, self.cache, timeout=config.request_timeout)
+        self.asks = Asks(nc, timeout=config.request_timeout)
+        self.supervisor = Supervisor(
+            config, self.in_flight, on_started=self._started, on_exited=self.dispatcher.release,
+            on_restart=lambda kind: self.metrics.restarts.labels(kind).inc(),
+        )
+        # Why the seat stopped ("": asked to), once all of it has: its actors, and its bus.
+        self.failed: Future[str] = Future()
+        self.supervisor.failed.add_done_callback(self._gave_up)
+        # Changes are routed only once the children run: each resyncs at start with what was loaded before.
+        self._routing = False
+        self._turns = Turns(config.max_parallel) if config.max_parallel > 0 else None
+        self._priority: dict[str, int] = {}  # each node's place in the order of composing (rules/order.py)
+        self._node_lock = threading.Lock()
+        self._clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+        # It answers only its router: a warrant is taken only with its valid signature.
+        self._verify = make_verify(config.router_key) if config.router_key else None
+        self._subs: list[Subscription] = []  # on the connection, for the router: dropped when this stops
+        self._no_nodes: set[str] = set()  # placement keys said to be no node (section 7), each said once
+        self._registry: RegistryWriter | None = None  # the operator's registry file, read when the seat is taken
+        self._closed = False
+        link(nc).on_closed(self._connection_closed)
+        self.ref = _HostActor.start(self)
+
+    # ---- starting and stopping ------------------------------------------------------------------------------
+
+    @classmethod
+    def start(
+        cls,
+        config: Config,
+        *,
+        nc: Client | None = None,
+        loop: Any = None,
+        clock: Callable[[], datetime] | None = None,
+        guard: Callable[[], str] | None = None,
+        metrics: Metrics | None = None,
+    ) -> Runtime:
+        """Connect (or take the host's connection and loop), fill the cache, and start every actor.
+
+        `guard` says why this process may not write now ("" when it may): the seat's lease (contract 8).
+        """
+        thread = EventLoopThread.adopt(loop) if loop is not None else EventLoopThread()
+        owns = nc is None
+        if nc is None:
+            nc = thread.run(connect_config(config), config.request_timeout * 3)
+        seat = cls(config, thread, nc, owns_nc=owns, metrics=metrics)
+        if clock is not None:
+            seat._clock = clock
+        seat.store.guard = guard
+        try:
+            thread.run(ensure_config_buckets(nc, config), config_buckets_wait(config))
+            thread.run(seat.cache.start(), config.request_timeout)
+            thread.run(seat.cache.wait_synced(), config.request_timeout * 6)
+            seat._retire_needs()
+            if config.registry:  # no file: the registry is left as it is (4.1)
+                seat._registry = RegistryWriter(config.registry, seat.store, seat.view)
+                thread.run(seat._registry.write(), config.work_timeout)
+            for key in not_nodes(seat.view):
+                seat._no_node(key)
+            seat._subs.append(thread.run(seat.asks.subscribe_decided(seat._decided), config.request_timeout))
+            seat._subs.append(thread.run(nc.subscribe(STREAM_CREATED, cb=seat._stream_created),
+                                         config.request_timeout))
+            seat._start_actors()
+        except BaseException:
+            seat.stop()
+            raise
+        return seat
+
+    def _retire_needs(self) -> None:
+        """`needs` is retired: every key of it is deleted when the seat is taken, and the count logged (4.1)."""
+        writes = retire_needs(self.view)
+        if writes:
+            applied = self.apply(writes, {})
+            log.info("deleted %d key(s) of the retired needs", len(applied.done))
+            if not applied.ok:
+                log.warning("the retired needs are not all deleted: %s", applied.error)
+
+    def _registry_changed(self) -> None:
+        """Another writer changed the registry (deleted or purged a key, say): the file's word is written back (4.1).
+
+        Runs on the loop, which must not block: the writes go out as a task of the loop, counted in flight, and
+        every change before it starts rides on it.
+        """
+        writer = self._registry
+        if writer is None or writer.due or self.supervisor.stopping:
+            return
+        writer.due = True
+        self.in_flight.sent(REGISTRY)
+        self.loop.loop.create_task(writer.write()).add_done_callback(lambda _: self.in_flight.done(REGISTRY))
+
+    def _no_node(self, key: str) -> None:
+        """Say once that a placement key is no node (section 7): nothing under it is composed or placed."""
+        why = not_a_node(key)
+        if why and key not in self._no_nodes:
+            self._no_nodes.add(key)
+            log.warning("%s", why)
+
+    def _start_actors(self) -> None:
+        """Start every actor, then route changes, then tell each to resynchronise.
+
+        All are started before any works: a thread started while others compose waits for the interpreter lock
+        at every step of its start, so starting a thousand node actors among compositions takes many seconds.
+        Changes are routed before the first resync, so no write of a composition wakes nothing. Nodes start in the
+        order they compose in (rules/order.py).
+        """
+        retries = self.config.conflict_retries
+        started = [ASKER]
+        self.supervisor.add(ASKER, lambda: AskerActor.start(self, self.in_flight, retries=retries), started=False)
+        for provider in self.config.bound_reads:
+            started.append(f"bound:{provider}")
+            self.supervisor.add(f"bound:{provider}", partial(BoundActor.start, provider, self, self.in_flight,
+                                                               retries=retries), started=False)
+        order = providers_first(self.view, known_nodes(self.view))
+        self._priority = {node: i for i, node in enumerate(order)}
+        for node in order:
+            started.append(self._node(node, started=False))
+        self._routing = True
+        for name in started:
+            self._started(name)
+        for node in sorted(known_nodes(self.view)):  # a node that appeared while the others started
+            self._node(node)
+
+    def _node(self, node: str, *, started: bool = True) -> str:
+        """The name of a node's actor, started (and told to resynchronise, unless not `started`) when it has none."""
+        name = f"node:{node}"
+        if self.supervisor.has(name):
+            return name  # the common case, on the loop for each change: no lock
+        with self._node_lock:
+            self.supervisor.add(name, lambda: NodeActor.start(
+                node, self, self.in_flight, retries=self.config.conflict_retries, turns=self._turns,
+                priority=self._priority.get(node, len(self._priority)),
+            ), started=started)
+        return name
+
+    def _started(self, name: str) -> None:
+        """A started actor (a restarted one too) judges all it owns from the bus, never from memory, and hears of
+        what waits for it. Told here, so the message is counted in flight before `start` returns to anyone waiting."""
+        self.supervisor.tell(name, Resync())
+        self.dispatcher.restarted(name)
+
+    def _gave_up(self, failed: Future[str]) -> None:
+        """The supervisor gave up (past its restart intensity): the bus is let go too, off the thread that said so."""
+        if failed.result():
+            threading.Thread(target=self._shut_down, args=(10.0, failed.result()), daemon=True).start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop this seat's own actors, in reverse order of start, and its connection if it made it."""
+        self._shut_down(timeout, why="")
+
+    def _shut_down(self, timeout: float, why: str) -> None:
+        """Stop every actor in reverse order and the connection this made; then `failed` says why ("": asked to)."""
+        self.supervisor.stop(timeout, why)
+        with self._node_lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self.ref.is_alive():
+            self.ref.stop(block=False)
+        link(self.nc).remove_listener(self._connection_closed)
+        try:
+            self.loop.run(self.cache.stop(), timeout)
+            if self.owns_nc:
+                self.loop.run(self.nc.close(), timeout)
+            else:
+                # On a host's connection nothing of this seat stays subscribed: a seat started again on it (a
+                # standby taking the lease back) would hear the router twice, and this one would be kept alive.
+                for sub in self._subs:
+                    self.loop.run(sub.unsubscribe(), timeout)
+        except Exception as err:  # the bus may be gone already: the actors are stopped, which is what counts
+            log.debug("the bus did not close cleanly: %s", err)
+        if self.owns_nc:
+            self.loop.stop()
+        if not self.failed.done():
+            self.failed.set_result(self.supervisor.failed.result() if self.supervisor.failed.done() else why)
+
+    # ---- the seat the actors work in ------------------------------------------------------------------------
+
+    @property
+    def view(self) -> MemoryView:
+        """The cache the rules read."""
+        return self.cache.view
+
+    def apply(self, writes: list[Write], writers: Mapping[tuple[str, str], Judgment]) -> Applied:
+        """Apply writes by compare-and-set on the bus, in order, stopping at the first conflict; `writers` names the
+        judgment that made each write, which the write does not wake."""
+        self.dispatcher.writing(writers)
+        try:
+            applied = self.loop.run(self.store.apply(writes), self.config.work_timeout)
+        finally:
+            self.dispatcher.written(writers)
+        self.metrics.observe_writes((w.state for w, _ in applied.done), applied.conflict is not None)
+        return applied
+
+    def refresh(self, write: Write) -> bool:
+        """Read a conflicting key's current value from the bus into the cache; False when the bus did not answer."""
+        return self.loop.run(self.cache.refresh(write.state, write.key), self.config.work_timeout)
+
+    def now(self) -> datetime:
+        """The time writes are stamped with."""
+        return self._clock()
+
+    def reads(self) -> Reads:
+        """A view over the cache that records what a judgment reads, stamped with the changes it holds already."""
+        return Reads(self.cache.view, self.cache.changes)
+
+    def publish(self, ask: r.Ask) -> None:
+        """Publish an ask on the operator's channel, de-duplicated by its id."""
+        self.loop.run(self.asks.publish(ask), self.config.work_timeout)
+
+    def verify(self, warrant: r.Warrant | Mapping[str, Any]) -> str:
+        """Why a warrant's signature is refused; with no router key configured, none is required."""
+        return self._verify(warrant) if self._verify is not None else ""
+
+    def retry(self, name: str, message: Message, attempt: int) -> None:
+        """Tell an actor a message again after a backoff (as restarts back off), counted in flight meanwhile."""
+        delay = backoff(attempt, self.config.backoff_first, self.config.backoff_max)
+        log.info("%s tries its failed write again in %.2f s", name, delay)
+        self.supervisor.later(delay, f"retry:{name}:{id(message)}", lambda: self.tell(name, message))
+
+    def killed(self, urn: str) -> bool:
+        """Whether an actor instance was killed through the chaos API."""
+        return self.supervisor.killed(urn)
+
+    def tell(self, name: str, message: Message) -> bool:
+        """Tell an actor by name, counting the message in flight; False when it cannot hear it now."""
+        return self.supervisor.tell(name, message)
+
+    def exited(self, message: ChildExited) -> None:
+        """An actor stopped: its supervisor decides what follows."""
+        self.supervisor.exited(message)
+
+    def _kick(self, name: str) -> bool:
+        """Tell an actor to take its queue; a node's actor is started when it has none."""
+        if self.supervisor.stopping:
+            return False
+        if name.startswith("node:"):
+            self._node(name.removeprefix("node:"), started=False)
+        return self.tell(name, Tick())
+
+    # ---- from changes to judgments (contract section 6) -----------------------------------------------------
+
+    def _changed(self, state: str, key: str, old: Entry | None, new: Entry | None, ours: bool) -> None:
+        """Wake every judgment that read what one change of the cache touched (`ours`: the seat's own write), and
+        start the judgments a new node or key needs. Runs on the event loop: it never blocks."""
+        if state == PLACEMENT and new is not None and not is_token(key):
+            self._no_node(key)
+        elif state == REGISTRY and not ours:
+            self._registry_changed()
+        if self.supervisor.stopping or not self._routing:
+            return
+        route = partial(self._route, state, key)
+        writers = self.dispatcher.writers(state, key) if ours else ()
+        self.dispatcher.changed(
+            touched(self.view, state, key, old, new), route, time.monotonic(), writers, self.cache.changes
+        )
+        if new is None:
+            return
+        node = group_of(state, key)
+        if state in NODE_STATES and not self.dispatcher.knows((COMPOSE, node)):
+            if not is_token(node):
+                # Section 7: a key whose node is not a token is bad input; nothing is composed for it (a placement
+                # key is said once, above).
+                if state != PLACEMENT:
+                    log.warning("%s %s names no node (%r is not a token): nothing is composed for it", state, key, node)
+            else:
+                self.dispatcher.add([(COMPOSE, node)], f"node:{node}")
+        if state == PROVISIONS:
+            # Every key is judged (rules/settle.py); a retiring one waiting for its answer is looked at (5.4).
+            if not self.dispatcher.knows((JUDGE, key)):
+                self.dispatcher.add([(JUDGE, key)], route)
+            p = new.get(r.Provision)
+            waits = p is not None and p.state == r.RETIRING and bool(p.ask) and p.warrant is None
+            if waits and not self.dispatcher.knows((LOOK, key)):
+                self.dispatcher.add([(LOOK, key)], ASKER)
+
+    def _route(self, state: str, key: str, j: Judgment) -> str:
+        """The actor that runs a judgment one change woke.
+
+        A node's composition runs at its node's actor, a look at the asker. The keys one change wakes are judged
+        together, in one batch of writes, by one actor: the provider's bound actor for its entries, else the
+        changed key's node's (a provider's have, a key whose state its dependents follow), else the key's own node.
+        Writes are compare-and-set, so the actor need not own them (design.md, "Parallel, not shared"); a shared
+        credential's change would otherwise wake hundreds of actors for one write each.
+        """
+        kind, subject = j
+        if kind == COMPOSE:
+            return f"node:{subject}"
+        if kind == LOOK:
+            return ASKER
+        if state.endswith(".bound") and state.removesuffix(".bound") in self.config.bound_reads:
+            return f"bound:{state.removesuffix('.bound')}"
+        node = group_of(state, key)
+        if state in (MODULES, MANIFESTS, BUILDS, ASK_RECORDS) or not is_token(node):
+            node = subject.split(".", 1)[0]
+        return f"node:{node}" if is_token(node) else ASKER
+
+    async def _stream_created(self, msg: Msg) -> None:
+        """A stream was created: if it is the router's, the asks not published for want of one go out now (5.4).
+
+        An ask that found no stream to take it is otherwise published only at its key's next change.
+        """
+        self._decided()
+
+    def _decided(self) -> None:
+        self.tell(ASKER, Decided())
+
+    def _resynced(self) -> None:
+        """After the connection came back and the cache caught up: every actor judges all it owns again."""
+        log.info("the bus is back: every actor resynchronises")
+        for name in self.supervisor.children():
+            self.tell(name, Resync())
+
+    def _connection_closed(self) -> None:
+        """The connection is closed for good, and not by this seat's stop: no write can land and no change come any
+        more, so the seat fails as past its restart intensity, and its owner is told why."""
+        if self.supervisor.stopping:
+            return
+        why = f"{closed_for_good(self.nc) or 'the NATS connection is closed for good'}; the supervisor stops"
+        log.error("%s", why)
+        threading.Thread(target=self._shut_down, args=(10.0, why), daemon=True).start()
+
+    # ---- the API of hosts, tests and chaos tools ------------------------------------------------------------
+
+    def compose(self, node: str) -> pykka.Future[r.Composed]:
+        """Compose a node now; answers a future of its `Composed`."""
+        ref, down = self.supervisor.ref_of(self._node(node))
+        # A child down and waiting for its restart answers ActorDeadError: nothing of it is in flight (its restart
+        # composes the node anyway), and counting it would keep `wait_settled` waiting for ever.
+        if not down:
+            self.in_flight.sent(ref.actor_urn)
+        return ref.ask(ComposeNode(node), block=False)
+
+    def children(self) -> dict[str, pykka.ActorRef[Any]]:
+        """Each actor's name (`node:<node>`, `bound:<provider>`, `asker`) and its current ref."""
+        return self.supervisor.children()
+
+    def kill(self, name: str) -> None:
+        """Make an actor die as a crash would, at its next message; its supervisor restarts it."""
+        self.supervisor.kill(name)
+
+    def wait_settled(self, timeout: float = 30.0) -> bool:
+        """True once every change on the bus has reached the cache, every mailbox is empty and no write pends."""
+        deadline = time.monotonic() + timeout
+        calm = 0
+        while time.monotonic() < deadline and not self.supervisor.stopping:
+            self.supervisor.notice_dead()
+            if not self.in_flight.wait_idle(max(deadline - time.monotonic(), 0)):
+                return False
+            try:
+                caught_up = self.loop.run(self.cache.caught_up(), max(deadline - time.monotonic(), 0.1))
+            except TimeoutError:
+                return False  # the bus did not answer by the deadline (a paused or dead server): not settled
+            quiet = self.in_flight.total() == 0 and self.dispatcher.idle()
+            calm = calm + 1 if caught_up and quiet else 0
+            if calm >= 2:
+                return True
+        return False
+
+    def status(self) -> SeatStatus:
+        """The actors, their restarts, and whether the seat failed."""
+        children = {n: ref.is_alive() for n, ref in self.children().items()}
+        failed = self.failed.result() if self.failed.done() else ""
+        return SeatStatus(children, self.supervisor.restarts(), failed, self.in_flight.total())
+
+
+class _HostActor(pykka.ThreadingActor):
+    """The seat's mailbox for a host's actors: `ComposeNode`, `Status`, `Stop` (design.md). Apart from the
+    supervisor's, so that a composition a host waits for never holds a restart back."""
+
+    def __init__(self, seat: Runtime) -> None:
+        super().__init__()
+        self.seat = seat
+
+    def on_receive(self, message: Any) -> Any:
+        """Answer one host message."""
+        if isinstance(message, ComposeNode):
+            return self.seat.compose(message.node).get(timeout=self.seat.config.request_timeout * 6)
+        if isinstance(message, Status):
+            return self.seat.status()
+        if isinstance(message, Stop):
+            threading.Thread(target=self.seat.stop, daemon=True).start()
+        return None
