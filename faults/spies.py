@@ -19,7 +19,7 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from mesh_provisioner import supervisor as supervisor_module
+from mesh_provisioner import runtime as runtime_module
 from mesh_provisioner.actors import node as node_actor
 from mesh_provisioner.config import Config
 
@@ -80,18 +80,18 @@ class CasSpy:
 
 
 @contextmanager
-def spied_supervisors(spy: CasSpy) -> Iterator[CasSpy]:
-    """Every supervisor started in the block on a connection of its own has that connection spied on."""
-    real = supervisor_module.connect_config
+def spied_runtimes(spy: CasSpy) -> Iterator[CasSpy]:
+    """Every runtime started in the block on a connection of its own has that connection spied on."""
+    real = runtime_module.connect_config
 
     async def connect_spied(config: Config) -> Client:
         return spy.wrap(await real(config))
 
-    supervisor_module.connect_config = connect_spied  # type: ignore[assignment]
+    runtime_module.connect_config = connect_spied  # type: ignore[assignment]
     try:
         yield spy
     finally:
-        supervisor_module.connect_config = real
+        runtime_module.connect_config = real
 
 
 class ComposeSpy:

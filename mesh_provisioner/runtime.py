@@ -28,8 +28,9 @@ from nats.aio.subscription import Subscription
 from mesh_provisioner.actors.asker import AskerActor
 from mesh_provisioner.actors.base import InFlight
 from mesh_provisioner.actors.bound import BoundActor
-from mesh_provisioner.actors.dispatch import COMPOSE, JUDGE, LOOK, Dispatcher, Judgment
+from mesh_provisioner.actors.dispatch import Dispatcher, Judgment
 from mesh_provisioner.actors.node import NodeActor
+from mesh_provisioner.actors.routing import ASKER, Router
 from mesh_provisioner.actors.turns import Turns
 from mesh_provisioner.backoff import backoff
 from mesh_provisioner.bus.asks import Asks
@@ -59,30 +60,20 @@ from mesh_provisioner.messages.protocol import (
 )
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.metrics import Metrics
-from mesh_provisioner.rules.keys import is_token
 from mesh_provisioner.rules.order import providers_first
-from mesh_provisioner.rules.reads import NODE_STATES, Reads, known_nodes, touched
+from mesh_provisioner.rules.reads import Reads, known_nodes
 from mesh_provisioner.rules.retire import retire_needs
 from mesh_provisioner.rules.signature import make_verify
 from mesh_provisioner.rules.view import (
-    ASK_RECORDS,
-    BUILDS,
-    MANIFESTS,
-    MODULES,
-    PLACEMENT,
-    PROVISIONS,
     REGISTRY,
     Entry,
     MemoryView,
-    group_of,
-    not_a_node,
     not_nodes,
 )
 from mesh_provisioner.supervisor import Supervisor
 
 log = logging.getLogger("mesh_provisioner.runtime")
 
-ASKER = "asker"
 # JetStream's advisory of a stream created: the router's, which takes asks, may be one (contract 5.4).
 STREAM_CREATED = "$JS.EVENT.ADVISORY.STREAM.CREATED.*"
 
@@ -99,6 +90,7 @@ class Runtime:
         self.owns_nc = owns_nc
         self.in_flight = InFlight()
         self.dispatcher = Dispatcher(self._kick)
+        self.router = Router(self.dispatcher, lambda: self.cache.view, config.bound_reads)
         self.metrics = metrics or Metrics()
         self.metrics.cache_keys.set_function(lambda: len(self.cache.view))
         self.cache = Cache(nc, bound_reads=config.bound_reads, on_change=self._changed, on_resync=self._resynced,
@@ -121,7 +113,6 @@ class Runtime:
         # It answers only its router: a warrant is taken only with its valid signature.
         self._verify = make_verify(config.router_key) if config.router_key else None
         self._subs: list[Subscription] = []  # on the connection, for the router: dropped when this stops
-        self._no_nodes: set[str] = set()  # placement keys said to be no node (section 7), each said once
         self._registry: RegistryWriter | None = None  # the operator's registry file, read when the seat is taken
         self._closed = False
         link(nc).on_closed(self._connection_closed)
@@ -161,7 +152,7 @@ class Runtime:
                 seat._registry = RegistryWriter(config.registry, seat.store, seat.view)
                 thread.run(seat._registry.write(), config.work_timeout)
             for key in not_nodes(seat.view):
-                seat._no_node(key)
+                seat.router.no_node(key)
             seat._subs.append(thread.run(seat.asks.subscribe_decided(seat._decided), config.request_timeout))
             seat._subs.append(thread.run(nc.subscribe(STREAM_CREATED, cb=seat._stream_created),
                                          config.request_timeout))
@@ -179,26 +170,6 @@ class Runtime:
             log.info("deleted %d key(s) of the retired needs", len(applied.done))
             if not applied.ok:
                 log.warning("the retired needs are not all deleted: %s", applied.error)
-
-    def _registry_changed(self) -> None:
-        """Another writer changed the registry (deleted or purged a key, say): the file's word is written back (4.1).
-
-        Runs on the loop, which must not block: the writes go out as a task of the loop, counted in flight, and
-        every change before it starts rides on it.
-        """
-        writer = self._registry
-        if writer is None or writer.due or self.supervisor.stopping:
-            return
-        writer.due = True
-        self.in_flight.sent(REGISTRY)
-        self.loop.loop.create_task(writer.write()).add_done_callback(lambda _: self.in_flight.done(REGISTRY))
-
-    def _no_node(self, key: str) -> None:
-        """Say once that a placement key is no node (section 7): nothing under it is composed or placed."""
-        why = not_a_node(key)
-        if why and key not in self._no_nodes:
-            self._no_nodes.add(key)
-            log.warning("%s", why)
 
     def _start_actors(self) -> None:
         """Start every actor, then route changes, then tell each to resynchronise.
@@ -320,7 +291,19 @@ class Runtime:
         """Tell an actor a message again after a backoff (as restarts back off), counted in flight meanwhile."""
         delay = backoff(attempt, self.config.backoff_first, self.config.backoff_max)
         log.info("%s tries its failed write again in %.2f s", name, delay)
-        self.supervisor.later(delay, f"retry:{name}:{id(message)}", lambda: self.tell(name, message))
+        token = f"retry:{name}:{id(message)}"
+        self.in_flight.sent(token)
+
+        def due() -> None:
+            try:
+                if not self.supervisor.stopping:
+                    self.tell(name, message)
+            finally:
+                self.in_flight.done(token)
+
+        timer = threading.Timer(delay, due)
+        timer.daemon = True
+        timer.start()
 
     def killed(self, urn: str) -> bool:
         """Whether an actor instance was killed through the chaos API."""
@@ -347,57 +330,14 @@ class Runtime:
     def _changed(self, state: str, key: str, old: Entry | None, new: Entry | None, ours: bool) -> None:
         """Wake every judgment that read what one change of the cache touched (`ours`: the seat's own write), and
         start the judgments a new node or key needs. Runs on the event loop: it never blocks."""
-        if state == PLACEMENT and new is not None and not is_token(key):
-            self._no_node(key)
-        elif state == REGISTRY and not ours:
-            self._registry_changed()
+        if state == REGISTRY and not ours and self._registry is not None and not self.supervisor.stopping:
+            again = self._registry.again()  # another writer changed it: the file's word goes back (4.1)
+            if again is not None:
+                self.in_flight.sent(REGISTRY)
+                again.add_done_callback(lambda _: self.in_flight.done(REGISTRY))
         if self.supervisor.stopping or not self._routing:
             return
-        route = partial(self._route, state, key)
-        writers = self.dispatcher.writers(state, key) if ours else ()
-        self.dispatcher.changed(
-            touched(self.view, state, key, old, new), route, time.monotonic(), writers, self.cache.changes
-        )
-        if new is None:
-            return
-        node = group_of(state, key)
-        if state in NODE_STATES and not self.dispatcher.knows((COMPOSE, node)):
-            if not is_token(node):
-                # Section 7: a key whose node is not a token is bad input; nothing is composed for it (a placement
-                # key is said once, above).
-                if state != PLACEMENT:
-                    log.warning("%s %s names no node (%r is not a token): nothing is composed for it", state, key, node)
-            else:
-                self.dispatcher.add([(COMPOSE, node)], f"node:{node}")
-        if state == PROVISIONS:
-            # Every key is judged (rules/settle.py); a retiring one waiting for its answer is looked at (5.4).
-            if not self.dispatcher.knows((JUDGE, key)):
-                self.dispatcher.add([(JUDGE, key)], route)
-            p = new.get(r.Provision)
-            waits = p is not None and p.state == r.RETIRING and bool(p.ask) and p.warrant is None
-            if waits and not self.dispatcher.knows((LOOK, key)):
-                self.dispatcher.add([(LOOK, key)], ASKER)
-
-    def _route(self, state: str, key: str, j: Judgment) -> str:
-        """The actor that runs a judgment one change woke.
-
-        A node's composition runs at its node's actor, a look at the asker. The keys one change wakes are judged
-        together, in one batch of writes, by one actor: the provider's bound actor for its entries, else the
-        changed key's node's (a provider's have, a key whose state its dependents follow), else the key's own node.
-        Writes are compare-and-set, so the actor need not own them (design.md, "Parallel, not shared"); a shared
-        credential's change would otherwise wake hundreds of actors for one write each.
-        """
-        kind, subject = j
-        if kind == COMPOSE:
-            return f"node:{subject}"
-        if kind == LOOK:
-            return ASKER
-        if state.endswith(".bound") and state.removesuffix(".bound") in self.config.bound_reads:
-            return f"bound:{state.removesuffix('.bound')}"
-        node = group_of(state, key)
-        if state in (MODULES, MANIFESTS, BUILDS, ASK_RECORDS) or not is_token(node):
-            node = subject.split(".", 1)[0]
-        return f"node:{node}" if is_token(node) else ASKER
+        self.router.changed(state, key, old, new, ours, self.cache.changes)
 
     async def _stream_created(self, msg: Msg) -> None:
         """A stream was created: if it is the router's, the asks not published for want of one go out now (5.4).

@@ -188,21 +188,6 @@ class Supervisor:
         finally:
             self.in_flight.done("restart:" + name)
 
-    def later(self, delay: float, token: str, due: Callable[[], object]) -> None:
-        """Run `due` after `delay` seconds unless stopped meanwhile, counted in flight until it has run."""
-        self.in_flight.sent(token)
-
-        def run() -> None:
-            try:
-                if not self.stopping and self.ref.is_alive():
-                    due()
-            finally:
-                self.in_flight.done(token)
-
-        timer = threading.Timer(delay, run)
-        timer.daemon = True
-        timer.start()
-
     # ---- stopping -------------------------------------------------------------------------------------------
 
     def stop(self, timeout: float = 10.0, why: str = "") -> bool:

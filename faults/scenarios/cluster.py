@@ -15,7 +15,7 @@ import time
 from faults import check
 from faults.mesh import final_changes, random_changes
 from faults.servers import Cluster
-from faults.spies import CasSpy, spied_compositions, spied_supervisors
+from faults.spies import CasSpy, spied_compositions, spied_runtimes
 from faults.twin import Params, Run, Twin, finish
 from mesh_provisioner.rules.view import PLANS, PROVISIONS, REFUSED, SEAT
 
@@ -40,7 +40,7 @@ def run(p: Params) -> Run:
         with check.watching_errors() as errors, spied_compositions() as composing, Twin(
             p.work, disturbed_url=cluster.url, replicas=REPLICAS
         ) as twin:
-            with spied_supervisors(cas):
+            with spied_runtimes(cas):
                 sup = twin.start_disturbed()
             down = -1
             started = time.monotonic()

@@ -16,7 +16,7 @@ import time
 from faults import check
 from faults.bus import until
 from faults.mesh import final_changes, random_changes
-from faults.spies import CasSpy, spied_compositions, spied_supervisors
+from faults.spies import CasSpy, spied_compositions, spied_runtimes
 from faults.twin import Params, Run, Twin, finish
 from mesh_provisioner.runtime import Runtime
 
@@ -51,7 +51,7 @@ def run(p: Params) -> Run:
     with check.watching_errors() as errors, spied_compositions() as composing, Twin(
         p.work, restart_intensity=100_000, backoff_first=0.005, backoff_max=0.05
     ) as twin:
-        with spied_supervisors(cas):
+        with spied_runtimes(cas):
             sup = twin.start_disturbed()
         stop = threading.Event()
         killer_rng = random.Random(p.seed + 1)

@@ -14,7 +14,7 @@ import time
 from faults import check
 from faults.bus import until
 from faults.mesh import final_changes, random_changes
-from faults.spies import CasSpy, spied_compositions, spied_supervisors
+from faults.spies import CasSpy, spied_compositions, spied_runtimes
 from faults.twin import Params, Run, Twin, finish
 
 NAME = "restarts"
@@ -31,7 +31,7 @@ def run(p: Params) -> Run:
     at = {(i + 1) * len(changes) // (restarts + 1) for i in range(restarts)}
     cas = CasSpy()
     with check.watching_errors() as errors, spied_compositions() as composing, Twin(p.work) as twin:
-        with spied_supervisors(cas):
+        with spied_runtimes(cas):
             sup = twin.start_disturbed()
         assert twin.server is not None
         started = time.monotonic()

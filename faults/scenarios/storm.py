@@ -17,7 +17,7 @@ from typing import Any
 from faults import check
 from faults.bus import Bus, raw
 from faults.mesh import NODES, REFERENCED
-from faults.spies import CasSpy, spied_compositions, spied_supervisors
+from faults.spies import CasSpy, spied_compositions, spied_runtimes
 from faults.twin import Params, Run, Twin, finish
 from mesh_provisioner.rules.view import bound, bucket
 
@@ -73,7 +73,7 @@ def run(p: Params) -> Run:
     changes = [(rng.choice(keys), rng.choice(OUTCOMES)) for _ in range(p.count(CHANGES))]
     cas = CasSpy()
     with check.watching_errors() as errors, spied_compositions() as composing, Twin(p.work) as twin:
-        with spied_supervisors(cas):
+        with spied_runtimes(cas):
             sup = twin.start_disturbed()
         before = cas.writes
         made, took = twin.disturbed.loop.run(_storm(twin.disturbed, changes, p.seconds), p.seconds + 120)

@@ -7,6 +7,7 @@ writes, by compare-and-set.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -40,6 +41,14 @@ class RegistryWriter:
         self._view = view
         for problem in self.registry.problems:
             log.warning("the registry file %s: %s", path, problem)
+
+    def again(self) -> asyncio.Task[None] | None:
+        """Write the file's word back (another writer changed the state), as a task of the running loop; None when a
+        write is coming already, which every change before it starts rides on."""
+        if self.due:
+            return None
+        self.due = True
+        return asyncio.get_running_loop().create_task(self.write())
 
     async def write(self) -> None:
         """Write each key that differs from the file and delete each it no longer names, by compare-and-set, and say

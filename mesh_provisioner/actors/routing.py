@@ -1,0 +1,100 @@
+"""From one change of the cache to the judgments it wakes, each at the actor that runs it (contract section 6).
+
+A change wakes the judgments whose last read set it touched (rules/reads.py, actors/dispatch.py); a new node or
+key starts the judgments it needs (every node is composed, every key judged, every retiring key waiting for its
+answer looked at: rules/settle.py's fixed point); and each woken judgment is queued at one actor.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import Final
+
+from mesh_provisioner.actors.dispatch import COMPOSE, JUDGE, LOOK, Dispatcher, Judgment
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.rules.keys import is_token
+from mesh_provisioner.rules.reads import NODE_STATES, touched
+from mesh_provisioner.rules.view import (
+    ASK_RECORDS,
+    BUILDS,
+    MANIFESTS,
+    MODULES,
+    PLACEMENT,
+    PROVISIONS,
+    Entry,
+    View,
+    group_of,
+    not_a_node,
+)
+
+log = logging.getLogger("mesh_provisioner.actors.routing")
+
+ASKER: Final = "asker"
+
+
+class Router:
+    """Wakes and starts judgments for each change, on the loop that applies changes: it never blocks."""
+
+    def __init__(self, dispatcher: Dispatcher, view: Callable[[], View], bound_reads: Iterable[str]) -> None:
+        self.dispatcher = dispatcher
+        self.view = view
+        self.bound_reads = frozenset(bound_reads)
+        self._no_nodes: set[str] = set()  # placement keys said to be no node (section 7), each said once
+
+    def no_node(self, key: str) -> None:
+        """Say once that a placement key is no node (section 7): nothing under it is composed or placed."""
+        why = not_a_node(key)
+        if why and key not in self._no_nodes:
+            self._no_nodes.add(key)
+            log.warning("%s", why)
+
+    def changed(self, state: str, key: str, old: Entry | None, new: Entry | None, ours: bool, count: int) -> None:
+        """One change of the cache, its `count`th (`ours`: the seat's own write, which does not wake its writer)."""
+        if state == PLACEMENT and new is not None and not is_token(key):
+            self.no_node(key)
+        route = partial(self.route, state, key)
+        writers = self.dispatcher.writers(state, key) if ours else ()
+        self.dispatcher.changed(touched(self.view(), state, key, old, new), route, time.monotonic(), writers, count)
+        if new is None:
+            return
+        node = group_of(state, key)
+        if state in NODE_STATES and not self.dispatcher.knows((COMPOSE, node)):
+            if not is_token(node):
+                # Section 7: a key whose node is not a token is bad input; nothing is composed for it (a placement
+                # key is said once, above).
+                if state != PLACEMENT:
+                    log.warning("%s %s names no node (%r is not a token): nothing is composed for it", state, key, node)
+            else:
+                self.dispatcher.add([(COMPOSE, node)], f"node:{node}")
+        if state == PROVISIONS:
+            if not self.dispatcher.knows((JUDGE, key)):
+                self.dispatcher.add([(JUDGE, key)], route)
+            p = new.get(r.Provision)
+            waits = p is not None and p.state == r.RETIRING and bool(p.ask) and p.warrant is None
+            if waits and not self.dispatcher.knows((LOOK, key)):
+                self.dispatcher.add([(LOOK, key)], ASKER)
+
+    def route(self, state: str, key: str, j: Judgment) -> str:
+        """The actor that runs a judgment a change of `state` at `key` woke.
+
+        A node's composition runs at its node's actor, a look at the asker. The keys one change wakes are judged
+        together, in one batch of writes, by one actor: the provider's bound actor for its entries, else the
+        changed key's node's (a provider's have, a key whose state its dependents follow), else the key's own node.
+        Writes are compare-and-set, so the actor need not own them (design.md, "Parallel, not shared"); a shared
+        credential's change would otherwise wake hundreds of actors for one write each.
+        """
+        kind, subject = j
+        if kind == COMPOSE:
+            return f"node:{subject}"
+        if kind == LOOK:
+            return ASKER
+        provider = state.removesuffix(".bound")
+        if provider != state and provider in self.bound_reads:
+            return f"bound:{provider}"
+        node = group_of(state, key)
+        if state in (MODULES, MANIFESTS, BUILDS, ASK_RECORDS) or not is_token(node):
+            node = subject.split(".", 1)[0]
+        return f"node:{node}" if is_token(node) else ASKER
