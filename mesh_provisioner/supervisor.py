@@ -31,14 +31,9 @@ from mesh_provisioner.actors.base import InFlight
 from mesh_provisioner.actors.bound import BoundActor
 from mesh_provisioner.actors.node import NodeActor
 from mesh_provisioner.bus.asks import Asks
+from mesh_provisioner.bus.attachment import Attachment
 from mesh_provisioner.bus.cache import Cache
-from mesh_provisioner.bus.connection import (
-    closed_for_good,
-    config_buckets_wait,
-    connect_config,
-    ensure_config_buckets,
-    link,
-)
+from mesh_provisioner.bus.connection import closed_for_good, config_buckets_wait, ensure_config_buckets, link
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.store import Applied, Store
 from mesh_provisioner.config import Config
@@ -90,6 +85,8 @@ class SupervisorFailed(RuntimeError):
 class Supervisor:
     """One seat: its bus, its children, and the API a host, a test or a chaos tool uses."""
 
+    attachment: Attachment  # its client and loop, own or a host's (set by `start`)
+
     def __init__(
         self, config: Config, loop: EventLoopThread, nc: Client, *, owns_nc: bool, metrics: Metrics | None = None
     ) -> None:
@@ -139,11 +136,14 @@ class Supervisor:
 
         `guard` says why this process may not write now ("" when it may): the seat's lease (contract 8).
         """
-        thread = EventLoopThread.adopt(loop) if loop is not None else EventLoopThread()
-        owns = nc is None
-        if nc is None:
-            nc = thread.run(connect_config(config), config.request_timeout * 3)
-        sup = cls(config, thread, nc, owns_nc=owns, metrics=metrics)
+        attached = Attachment.open(config, nc=nc, loop=loop)
+        thread, nc = attached.loop, attached.nc
+        try:
+            sup = cls(config, thread, nc, owns_nc=attached.owns_nc, metrics=metrics)
+        except BaseException:
+            attached.close(config.request_timeout)
+            raise
+        sup.attachment = attached
         if clock is not None:
             sup._clock = clock
         sup.store.guard = guard
@@ -244,17 +244,11 @@ class Supervisor:
         link(self.nc).remove_listener(self._connection_closed)
         try:
             self.loop.run(self.cache.stop(), timeout)
-            if self.owns_nc:
-                self.loop.run(self.nc.close(), timeout)
-            else:
-                # On a host's connection nothing of this seat stays subscribed: a seat started again on it (a
-                # standby taking the lease back) would hear the router twice, and this one would be kept alive.
-                for sub in self._subs:
-                    self.loop.run(sub.unsubscribe(), timeout)
         except Exception as err:  # the bus may be gone already: the actors are stopped, which is what counts
-            log.debug("the bus did not close cleanly: %s", err)
-        if self.owns_nc:
-            self.loop.stop()
+            log.debug("the cache did not stop cleanly: %s", err)
+        # On a host's connection nothing of this seat stays subscribed: a seat started again on it (a standby
+        # taking the lease back) would hear the router twice, and this one would be kept alive.
+        self.attachment.close(timeout, self._subs)
         if not self.failed.done():
             self.failed.set_result(why)
 

@@ -1,13 +1,11 @@
 """The NATS connection of the seat: made to reconnect forever, and the buckets of its own states.
 
-`connect` makes a client that never gives up on the server and logs each disconnect and reconnect. What the bus
-layer keeps beside a client (`Link`: its count of requests, and who listens for reconnects) works for a client
-the host made too: `link(nc)` makes it on first use, and a host that made its own client calls
-`link(nc).reconnected()`, `link(nc).disconnected()` and `link(nc).closed()` from its own callbacks of the same names.
-
-Whatever another module writes reaches the client as the subject of a message (a key is a subject), so the bus
-layer reads every subject as the NATS protocol defines it, never taking the connection down over one (contract
-section 7): see `_PROTOCOL_MSG` and `Link`.
+`connect` makes a client of the seat's own (`SeatClient`): it never gives up on the server, logs each disconnect
+and reconnect, and has nats-py's defects worked around (`natsfix.py`). What the bus layer keeps beside a client
+(`Link`: its count of requests, who listens for its reconnects, disconnects and close, and what the bus layer made
+on it once, such as the store's inbox of acknowledgements) is the seat's client's own, told by its callbacks. A
+client a host passes in is left as nats-py made it: `borrow` keeps a Link for it while a seat runs on it, told by
+watching the client's public state (`follow`), and `give_back` unsubscribes whatever the bus layer made on it.
 
 `ensure_buckets` creates the key-value buckets of the seat's own states (contract section 4) when they are
 missing. The buckets the seat reads (section 2) belong to other modules and are never created here: a missing one
@@ -18,20 +16,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import ssl
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Final
+from typing import Any, Final, Protocol, TypeVar
 
 import nats.errors
 import nats.js.errors
-import nats.protocol.parser
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
+from mesh_provisioner.bus.natsfix import FixedClient
 from mesh_provisioner.config import Config
 from mesh_provisioner.rules.view import NEEDS, PLANS, PROVISIONS, REFUSED, SEAT, bucket
 
@@ -43,21 +40,8 @@ SEAT_STATES: Final = (PLANS, PROVISIONS, REFUSED, NEEDS, SEAT)
 LEASE_SECONDS: Final = 15.0
 
 _STREAM_NAME_IN_USE: Final = 10058  # JSStreamNameExistErr: someone created the bucket first
-
-# nats-py parses a message's control line with `\s` between its fields, but the protocol's delimiters are space and
-# tab only: the server takes a subject with a vertical tab or a form feed in it (a key another module wrote), and
-# nats-py then cannot parse the line that delivers it. It reconnects, or, with 4 KB or more behind the line, waits for
-# bytes that never make it parse; each reconnect's watch delivers the key again, and a reconnect retried while the
-# parser is stuck leaves two coroutines reading one stream ("read() called while another coroutine is already
-# waiting"): the connection is lost for good. These are nats-py's patterns with the protocol's delimiters; they are
-# module globals of nats-py's parser, so they hold for every client of the process.
-_FIELD: Final = rb"([^ \t\r\n]+)"
-_PROTOCOL_MSG: Final = re.compile(rb"\AMSG[ \t]+" + _FIELD + rb"[ \t]+" + _FIELD + rb"[ \t]+(" + _FIELD
-                                  + rb"[ \t]+)?(\d+)\r\n")
-_PROTOCOL_HMSG: Final = re.compile(rb"\AHMSG[ \t]+" + _FIELD + rb"[ \t]+" + _FIELD + rb"[ \t]+(" + _FIELD
-                                   + rb"[ \t]+)?(\d+)[ \t]+(\d+)\r\n")
-nats.protocol.parser.MSG_RE = _PROTOCOL_MSG
-nats.protocol.parser.HMSG_RE = _PROTOCOL_HMSG
+# How often a host's client is looked at for a reconnect, a disconnect or its close (`follow`).
+FOLLOW_EVERY: Final = 0.1
 
 
 def stream_of(state: str) -> str:
@@ -70,40 +54,28 @@ def subject_of(state: str, key: str) -> str:
     return f"$KV.{bucket(state)}.{key}"
 
 
-class Link:
-    """What the bus layer keeps beside one NATS client: how many requests went out, and who hears it reconnect or
-    close."""
+class Kept(Protocol):
+    """Something the bus layer makes once per client and undoes when it gives the client back."""
 
-    def __init__(self, nc: Client) -> None:
-        """Start counting the client's requests (every JetStream call is one), read a subject that is not UTF-8, and
-        keep no listener yet."""
+    async def close(self) -> None:
+        """Undo it on the client (unsubscribe, say); the client may be closed already."""
+
+
+K = TypeVar("K", bound=Kept)
+
+
+class Link:
+    """What the bus layer keeps beside one NATS client: how many requests went out, who hears it reconnect, lose
+    its server or close, and what was made on it once."""
+
+    def __init__(self) -> None:
+        """Keep no listener yet; count requests from 0 (on the seat's own clients only: see `SeatClient`)."""
         self.requests = 0
         self.reconnects = 0
         self._listeners: list[Callable[[], None]] = []
         self._closed_listeners: list[Callable[[], None]] = []
         self._disconnected_listeners: list[Callable[[], None]] = []
-        self._nc = weakref.ref(nc)
-        self._reviving: set[asyncio.Task[None]] = set()
-        request = nc.request
-
-        async def counted(*args: Any, **kwargs: Any) -> Msg:
-            self.requests += 1
-            return await request(*args, **kwargs)
-
-        nc.request = counted  # type: ignore[method-assign]
-        build = nc._build_message
-
-        def readable(sid: int, subject: bytes, reply: bytes, data: bytes, headers: dict[str, str] | None) -> Any:
-            try:
-                return build(sid, subject, reply, data, headers)
-            except UnicodeDecodeError:
-                # The server takes a subject that is not UTF-8 (a key another module wrote as raw bytes); nats-py's
-                # read loop would end on it for good, with the client still counted connected. Read with its bad
-                # bytes replaced, the key is no token and is named as bad input where it is read (section 7).
-                log.warning("a message on subject %r is not UTF-8: read with its bad bytes replaced", subject[:300])
-                return build(sid, _replaced(subject), _replaced(reply), data, headers)
-
-        nc._build_message = readable  # type: ignore[method-assign]
+        self._kept: dict[str, Kept] = {}
 
     def on_reconnected(self, listener: Callable[[], None]) -> None:
         """Call `listener` on the loop after each reconnect; it must not block (it may start a task)."""
@@ -123,55 +95,30 @@ class Link:
             if listener in listeners:
                 listeners.remove(listener)
 
-    def watch_reader(self) -> None:
-        """Make a new connection should the client's current read loop end while the client counts itself connected.
+    def kept(self, name: str, make: Callable[[], K]) -> K:
+        """The one thing of that name made on this client, made now on first use."""
+        found = self._kept.get(name)
+        if found is None:
+            found = self._kept[name] = make()
+        return found  # type: ignore[return-value]
 
-        Runs on the loop, after each connect and reconnect (`reconnected` does it).
-        """
-        nc = self._nc()
-        reader = nc._reading_task if nc is not None else None
-        if reader is not None:
-            reader.remove_done_callback(self._reader_ended)
-            reader.add_done_callback(self._reader_ended)
-
-    def _reader_ended(self, reader: asyncio.Task[None]) -> None:
-        # nats-py's read loop ends on a reconnect or a close, the client then no longer connected. One that ends while
-        # the client counts itself connected met an error nats-py did not foresee (such as "read() called while
-        # another coroutine is already waiting"): nats-py logs it and stops reading, and its client neither reads nor
-        # reconnects again. A new connection is made instead; the watches resynchronise after it as after any.
-        nc = self._nc()
-        if nc is None or reader is not nc._reading_task or not nc.is_connected:
-            return
-        log.warning("the NATS client stopped reading while connected (nats-py logged why); making a new connection")
-        task = asyncio.get_running_loop().create_task(nc.force_reconnect())
-        self._reviving.add(task)
-        task.add_done_callback(self._reviving.discard)
+    async def let_go(self) -> None:
+        """Undo everything kept (each on its own: one that fails is logged), and forget it."""
+        kept, self._kept = self._kept, {}
+        for name, thing in kept.items():
+            try:
+                await thing.close()
+            except Exception as err:
+                log.debug("undoing the %s of a connection: %s", name, err)
 
     async def reconnected(self) -> None:
         """Tell every listener the client is connected again; a listener that raises is logged and skipped."""
         self.reconnects += 1
-        self.watch_reader()
         _tell(self._listeners, "a reconnect listener failed")
 
     async def disconnected(self) -> None:
-        """Fail the requests waiting for an answer, then tell every listener the client lost its server; a listener
-        that raises is logged and skipped."""
-        self._fail_requests()
+        """Tell every listener the client lost its server; a listener that raises is logged and skipped."""
         _tell(self._disconnected_listeners, "a disconnect listener failed")
-
-    def _fail_requests(self) -> None:
-        # An answer to a request sent before the server was lost never comes, and nats-py waits for it until the
-        # request's timeout all the same: a watch dropped during a reconnect waited that long to delete its consumer,
-        # and the cache's resync behind it. nats-py keeps each waiting request's future by its token (`_resp_map`);
-        # each fails now with the timeout it would have met later (nats-py's `request` raises its own TimeoutError
-        # for it either way), so every caller handles it as it handles one.
-        nc = self._nc()
-        waiting = getattr(nc, "_resp_map", None)
-        if not isinstance(waiting, dict):
-            return
-        for future in list(waiting.values()):
-            if isinstance(future, asyncio.Future) and not future.done():
-                future.set_exception(nats.errors.TimeoutError())
 
     async def closed(self) -> None:
         """Tell every listener the client is closed for good; a listener that raises is logged and skipped."""
@@ -187,9 +134,98 @@ def _tell(listeners: list[Callable[[], None]], failed: str) -> None:
             log.exception("%s", failed)
 
 
-def _replaced(raw: bytes) -> bytes:
-    """UTF-8 bytes of what `raw` says, each byte that is not UTF-8 made U+FFFD."""
-    return raw.decode("utf-8", "replace").encode()
+class SeatClient(FixedClient):
+    """A client the seat made itself: nats-py's defects worked around (`natsfix.py`), its requests counted, and its
+    Link told by the callbacks `connect` gives it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.link = Link()
+
+    async def request(self, *args: Any, **kwargs: Any) -> Msg:
+        """nats-py's `request`, counted (every JetStream call is one)."""
+        self.link.requests += 1
+        return await super().request(*args, **kwargs)
+
+
+class _Borrowed:
+    """A host's client while seats run on it: its Link, how many seats hold it, and what follows its state."""
+
+    def __init__(self, link: Link, follower: asyncio.Task[None]) -> None:
+        self.link = link
+        self.holders = 1
+        self.follower = follower
+
+
+_borrowed: weakref.WeakKeyDictionary[Client, _Borrowed] = weakref.WeakKeyDictionary()
+
+
+def link(nc: Client) -> Link:
+    """The Link of a client: a seat's client's own, or the one kept while a seat holds a host's client (`borrow`).
+
+    Of a host's client no seat holds, a Link that nothing tells.
+    """
+    if isinstance(nc, SeatClient):
+        return nc.link
+    held = _borrowed.get(nc)
+    return held.link if held is not None else Link()
+
+
+async def borrow(nc: Client) -> Link:
+    """Hold a host's client for a seat, on the loop that runs it: its Link, told of its reconnects, disconnects
+    and close by `follow` while held. A seat's own client needs none of this: its own Link is answered.
+
+    Every `borrow` is matched by one `give_back`; seats holding one client at once share its Link.
+    """
+    if isinstance(nc, SeatClient):
+        return nc.link
+    held = _borrowed.get(nc)
+    if held is not None:
+        held.holders += 1
+        return held.link
+    tie = Link()
+    follower = asyncio.get_running_loop().create_task(follow(nc, tie), name="mesh-provisioner follows a connection")
+    _borrowed[nc] = _Borrowed(tie, follower)
+    return tie
+
+
+async def give_back(nc: Client) -> None:
+    """Let go of a host's client held by `borrow`, on its loop: once no seat holds it, nothing follows it any more
+    and what the bus layer made on it (the store's inbox) is undone. The client is left as the host made it."""
+    held = _borrowed.get(nc)
+    if held is None:
+        return
+    held.holders -= 1
+    if held.holders > 0:
+        return
+    del _borrowed[nc]
+    held.follower.cancel()
+    await asyncio.gather(held.follower, return_exceptions=True)
+    await held.link.let_go()
+
+
+async def follow(nc: Client, tie: Link, every: float = FOLLOW_EVERY) -> None:
+    """Tell `tie` of a client's disconnects, reconnects and close, as its public state shows them, every `every`
+    seconds, until it is closed.
+
+    A host's callbacks are its own: nothing is asked of the host, and its client is not changed.
+    """
+    reconnects = nc.stats["reconnects"]
+    down = not nc.is_connected
+    while not nc.is_closed:
+        now = nc.stats["reconnects"]
+        if not down and (not nc.is_connected or now != reconnects):
+            down = True
+            await tie.disconnected()
+        if now != reconnects:
+            reconnects = now
+            await tie.reconnected()
+        if down and nc.is_connected:
+            down = False
+        await asyncio.sleep(every)
+    if not down:
+        await tie.disconnected()
+    await tie.closed()
 
 
 def closed_for_good(nc: Client) -> str:
@@ -201,27 +237,18 @@ def closed_for_good(nc: Client) -> str:
     return "the NATS connection is closed for good" + (f" ({type(err).__name__}: {err})" if err else "")
 
 
-_links: weakref.WeakKeyDictionary[Client, Link] = weakref.WeakKeyDictionary()
-
-
-def link(nc: Client) -> Link:
-    """The Link of a client, made (and its requests counted from then on) on first use."""
-    found = _links.get(nc)
-    if found is None:
-        found = _links[nc] = Link(nc)
-    return found
-
-
 Callback = Callable[[], Awaitable[None]]
 
 
-async def connect(servers: list[str], **options: Any) -> Client:
-    """A client connected to `servers` that reconnects forever, logs its disconnects and tells its Link.
+async def connect(servers: list[str], *, client: SeatClient | None = None, **options: Any) -> SeatClient:
+    """A client of the seat's own connected to `servers` that reconnects forever, logs its disconnects and tells
+    its Link: `client` when given (made beforehand, so that whoever made it can close it should this not return),
+    else a new one.
 
     `options` go to nats-py's `Client.connect`; callbacks given there are called after this module's own.
     """
-    nc = Client()
-    tie = link(nc)
+    nc = client if client is not None else SeatClient()
+    tie = nc.link
     theirs_disconnected: Callback | None = options.pop("disconnected_cb", None)
     theirs_reconnected: Callback | None = options.pop("reconnected_cb", None)
     theirs_closed: Callback | None = options.pop("closed_cb", None)
@@ -261,7 +288,6 @@ async def connect(servers: list[str], **options: Any) -> Client:
         error_cb=error,
         **options,
     )
-    tie.watch_reader()
     log.info("connected to NATS at %s", nc.connected_url.netloc if nc.connected_url else servers)
     return nc
 
@@ -373,6 +399,6 @@ def connect_options(config: Config) -> dict[str, Any]:
     return options
 
 
-async def connect_config(config: Config) -> Client:
-    """A connection to the servers of a config, with its credentials."""
-    return await connect(config.servers(), **connect_options(config))
+async def connect_config(config: Config, client: SeatClient | None = None) -> SeatClient:
+    """A connection of the seat's own to the servers of a config, with its credentials (`client`: see `connect`)."""
+    return await connect(config.servers(), client=client, **connect_options(config))
