@@ -134,7 +134,9 @@ class Supervisor:
     ) -> Supervisor:
         """Connect (or take the host's connection and loop), fill the cache, and start every child.
 
-        `guard` says why this process may not write now ("" when it may): the seat's lease (contract 8).
+        `nc` comes with the `loop` that runs it, or is refused at once; `bus/attachment.py` says what each makes
+        and what `stop` undoes. `guard` says why this process may not write now ("" when it may): the seat's
+        lease (contract 8).
         """
         attached = Attachment.open(config, nc=nc, loop=loop)
         thread, nc = attached.loop, attached.nc
