@@ -21,7 +21,7 @@ from nats.aio.client import Client
 
 from mesh_provisioner.actors import node as node_actor
 from mesh_provisioner.bus import attachment as attachment_module
-from mesh_provisioner.bus.connection import SeatClient
+from mesh_provisioner.bus.link import SeatClient
 from mesh_provisioner.config import Config
 
 _IN_REQUEST: contextvars.ContextVar[bool] = contextvars.ContextVar("in_request", default=False)

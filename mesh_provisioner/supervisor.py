@@ -33,7 +33,8 @@ from mesh_provisioner.actors.node import NodeActor
 from mesh_provisioner.bus.asks import Asks
 from mesh_provisioner.bus.attachment import Attachment
 from mesh_provisioner.bus.cache import Cache
-from mesh_provisioner.bus.connection import closed_for_good, config_buckets_wait, ensure_config_buckets, link
+from mesh_provisioner.bus.connection import closed_for_good, config_buckets_wait, ensure_config_buckets
+from mesh_provisioner.bus.link import link
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.store import Applied, Store
 from mesh_provisioner.config import Config

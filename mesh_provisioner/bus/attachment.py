@@ -26,7 +26,8 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
-from mesh_provisioner.bus.connection import Link, SeatClient, borrow, connect_config, give_back
+from mesh_provisioner.bus.connection import connect_config
+from mesh_provisioner.bus.link import Link, SeatClient, borrow, give_back
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.config import Config
 

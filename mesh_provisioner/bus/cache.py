@@ -36,7 +36,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from mesh_provisioner.bus.connection import link, open_bucket, stream_of, subject_of
+from mesh_provisioner.bus.connection import open_bucket, stream_of, subject_of
+from mesh_provisioner.bus.link import link
 from mesh_provisioner.bus.natsfix import stop_watch, watch_consumer
 from mesh_provisioner.rules.view import (
     APPLIED,
