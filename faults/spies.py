@@ -19,8 +19,9 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from mesh_provisioner import runtime as runtime_module
 from mesh_provisioner.actors import node as node_actor
+from mesh_provisioner.bus import attachment as attachment_module
+from mesh_provisioner.bus.link import SeatClient
 from mesh_provisioner.config import Config
 
 _IN_REQUEST: contextvars.ContextVar[bool] = contextvars.ContextVar("in_request", default=False)
@@ -82,16 +83,18 @@ class CasSpy:
 @contextmanager
 def spied_runtimes(spy: CasSpy) -> Iterator[CasSpy]:
     """Every runtime started in the block on a connection of its own has that connection spied on."""
-    real = runtime_module.connect_config
+    real = attachment_module.connect_config
 
-    async def connect_spied(config: Config) -> Client:
-        return spy.wrap(await real(config))
+    async def connect_spied(config: Config, client: SeatClient | None = None) -> SeatClient:
+        nc = await real(config, client)
+        spy.wrap(nc)
+        return nc
 
-    runtime_module.connect_config = connect_spied  # type: ignore[assignment]
+    attachment_module.connect_config = connect_spied
     try:
         yield spy
     finally:
-        runtime_module.connect_config = real
+        attachment_module.connect_config = real
 
 
 class ComposeSpy:

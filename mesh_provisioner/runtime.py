@@ -34,14 +34,10 @@ from mesh_provisioner.actors.routing import ASKER, Router
 from mesh_provisioner.actors.turns import Turns
 from mesh_provisioner.backoff import backoff
 from mesh_provisioner.bus.asks import Asks
+from mesh_provisioner.bus.attachment import Attachment
 from mesh_provisioner.bus.cache import Cache
-from mesh_provisioner.bus.connection import (
-    closed_for_good,
-    config_buckets_wait,
-    connect_config,
-    ensure_config_buckets,
-    link,
-)
+from mesh_provisioner.bus.connection import closed_for_good, config_buckets_wait, ensure_config_buckets
+from mesh_provisioner.bus.link import link
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.registry import RegistryWriter
 from mesh_provisioner.bus.store import Applied, Store
@@ -80,6 +76,8 @@ STREAM_CREATED = "$JS.EVENT.ADVISORY.STREAM.CREATED.*"
 
 class Runtime:
     """One seat: its bus, its dispatcher, its supervised actors, and the API a host, a test or a chaos tool uses."""
+
+    attachment: Attachment  # its client and loop, own or a host's (set by `start`)
 
     def __init__(
         self, config: Config, loop: EventLoopThread, nc: Client, *, owns_nc: bool, metrics: Metrics | None = None
@@ -133,13 +131,18 @@ class Runtime:
     ) -> Runtime:
         """Connect (or take the host's connection and loop), fill the cache, and start every actor.
 
-        `guard` says why this process may not write now ("" when it may): the seat's lease (contract 8).
+        `nc` comes with the `loop` that runs it, or is refused at once; `bus/attachment.py` says what each makes and
+        what `stop` undoes. `guard` says why this process may not write now ("" when it may): the seat's lease
+        (contract 8).
         """
-        thread = EventLoopThread.adopt(loop) if loop is not None else EventLoopThread()
-        owns = nc is None
-        if nc is None:
-            nc = thread.run(connect_config(config), config.request_timeout * 3)
-        seat = cls(config, thread, nc, owns_nc=owns, metrics=metrics)
+        attached = Attachment.open(config, nc=nc, loop=loop)
+        thread, nc = attached.loop, attached.nc
+        try:
+            seat = cls(config, thread, nc, owns_nc=attached.owns_nc, metrics=metrics)
+        except BaseException:
+            attached.close(config.request_timeout)
+            raise
+        seat.attachment = attached
         if clock is not None:
             seat._clock = clock
         seat.store.guard = guard
@@ -235,17 +238,11 @@ class Runtime:
         link(self.nc).remove_listener(self._connection_closed)
         try:
             self.loop.run(self.cache.stop(), timeout)
-            if self.owns_nc:
-                self.loop.run(self.nc.close(), timeout)
-            else:
-                # On a host's connection nothing of this seat stays subscribed: a seat started again on it (a
-                # standby taking the lease back) would hear the router twice, and this one would be kept alive.
-                for sub in self._subs:
-                    self.loop.run(sub.unsubscribe(), timeout)
         except Exception as err:  # the bus may be gone already: the actors are stopped, which is what counts
-            log.debug("the bus did not close cleanly: %s", err)
-        if self.owns_nc:
-            self.loop.stop()
+            log.debug("the cache did not stop cleanly: %s", err)
+        # On a host's connection nothing of this seat stays subscribed: a seat started again on it (a standby
+        # taking the lease back) would hear the router twice, and this one would be kept alive.
+        self.attachment.close(timeout, self._subs)
         if not self.failed.done():
             self.failed.set_result(self.supervisor.failed.result() if self.supervisor.failed.done() else why)
 

@@ -18,7 +18,6 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import api
 
-from mesh_provisioner.bus.connection import link
 from mesh_provisioner.messages.records import MODULE, Ask, encode
 
 log = logging.getLogger("mesh_provisioner.bus.asks")
@@ -40,7 +39,6 @@ class Asks:
         self.duplicates = 0
         self._nc = nc
         self._js = nc.jetstream(timeout=timeout)
-        link(nc)  # its requests are counted from now on
 
     async def publish(self, ask: Ask) -> api.PubAck:
         """Publish an ask, de-duplicated by its id (section 5.4); answers JetStream's acknowledgement.

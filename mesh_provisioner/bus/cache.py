@@ -36,7 +36,9 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from mesh_provisioner.bus.connection import link, open_bucket, stream_of, subject_of
+from mesh_provisioner.bus.connection import open_bucket, stream_of, subject_of
+from mesh_provisioner.bus.link import link
+from mesh_provisioner.bus.natsfix import stop_watch, watch_consumer
 from mesh_provisioner.rules.view import (
     APPLIED,
     ASK_RECORDS,
@@ -142,7 +144,8 @@ class Cache:
 
     @property
     def requests(self) -> int:
-        """How many requests the bus layer has sent on this cache's connection so far."""
+        """How many requests the bus layer has sent on this cache's connection so far (counted on the seat's own
+        connections only: 0 on a host's)."""
         return self._link.requests
 
     async def start(self) -> None:
@@ -402,13 +405,12 @@ class Cache:
 
     async def _drop(self, state: str, watcher: KeyValue.KeyWatcher) -> None:
         """Stop a watcher and delete its consumer, so that no consumer is left behind."""
-        # nats-py keeps the ordered consumer's current name on the subscription; it has no public getter.
-        consumer = getattr(watcher._sub, "_consumer", None)
+        consumer = watch_consumer(watcher)
         try:
-            await watcher.stop()  # type: ignore[no-untyped-call]
+            await stop_watch(watcher)
         except nats.errors.Error as err:
             log.debug("stopping the watch of %s: %s", bucket(state), err)
-        if isinstance(consumer, str) and self._nc.is_connected:
+        if consumer is not None and self._nc.is_connected:
             try:
                 await self._js.delete_consumer(stream_of(state), consumer)
             except (nats.errors.Error, TimeoutError) as err:

@@ -1,13 +1,8 @@
 """The NATS connection of the seat: made to reconnect forever, and the buckets of its own states.
 
-`connect` makes a client that never gives up on the server and logs each disconnect and reconnect. What the bus
-layer keeps beside a client (`Link`: its count of requests, and who listens for reconnects) works for a client
-the host made too: `link(nc)` makes it on first use, and a host that made its own client calls
-`link(nc).reconnected()`, `link(nc).disconnected()` and `link(nc).closed()` from its own callbacks of the same names.
-
-Whatever another module writes reaches the client as the subject of a message (a key is a subject), so the bus
-layer reads every subject as the NATS protocol defines it, never taking the connection down over one (contract
-section 7): see `_PROTOCOL_MSG` and `Link`.
+`connect` makes a client of the seat's own (`SeatClient`, link.py): it never gives up on the server, logs each
+disconnect and reconnect and tells the client's Link of them, and has nats-py's defects worked around
+(`natsfix.py`).
 
 `ensure_buckets` creates the key-value buckets of the seat's own states (contract section 4) when they are
 missing. The buckets the seat reads (section 2) belong to other modules and are never created here: a missing one
@@ -20,22 +15,19 @@ import asyncio
 import contextlib
 import logging
 import math
-import re
 import socket
 import ssl
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
 import nats.errors
 import nats.js.errors
-import nats.protocol.parser
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
+from mesh_provisioner.bus.link import SeatClient
 from mesh_provisioner.config import Config
 from mesh_provisioner.rules.view import NEEDS, PLANS, PROVISIONS, REFUSED, REGISTRY, SEAT, bucket
 
@@ -48,21 +40,6 @@ LEASE_SECONDS: Final = 15.0
 
 _STREAM_NAME_IN_USE: Final = 10058  # JSStreamNameExistErr: someone created the bucket first
 
-# nats-py parses a message's control line with `\s` between its fields, but the protocol's delimiters are space and
-# tab only: the server takes a subject with a vertical tab or a form feed in it (a key another module wrote), and
-# nats-py then cannot parse the line that delivers it. It reconnects, or, with 4 KB or more behind the line, waits for
-# bytes that never make it parse; each reconnect's watch delivers the key again, and a reconnect retried while the
-# parser is stuck leaves two coroutines reading one stream ("read() called while another coroutine is already
-# waiting"): the connection is lost for good. These are nats-py's patterns with the protocol's delimiters; they are
-# module globals of nats-py's parser, so they hold for every client of the process.
-_FIELD: Final = rb"([^ \t\r\n]+)"
-_PROTOCOL_MSG: Final = re.compile(rb"\AMSG[ \t]+" + _FIELD + rb"[ \t]+" + _FIELD + rb"[ \t]+(" + _FIELD
-                                  + rb"[ \t]+)?(\d+)\r\n")
-_PROTOCOL_HMSG: Final = re.compile(rb"\AHMSG[ \t]+" + _FIELD + rb"[ \t]+" + _FIELD + rb"[ \t]+(" + _FIELD
-                                   + rb"[ \t]+)?(\d+)[ \t]+(\d+)\r\n")
-nats.protocol.parser.MSG_RE = _PROTOCOL_MSG
-nats.protocol.parser.HMSG_RE = _PROTOCOL_HMSG
-
 
 def stream_of(state: str) -> str:
     """The JetStream stream that holds a state's bucket: `KV_<bucket>`."""
@@ -74,128 +51,6 @@ def subject_of(state: str, key: str) -> str:
     return f"$KV.{bucket(state)}.{key}"
 
 
-class Link:
-    """What the bus layer keeps beside one NATS client: how many requests went out, and who hears it reconnect or
-    close."""
-
-    def __init__(self, nc: Client) -> None:
-        """Start counting the client's requests (every JetStream call is one), read a subject that is not UTF-8, and
-        keep no listener yet."""
-        self.requests = 0
-        self.reconnects = 0
-        self._listeners: list[Callable[[], None]] = []
-        self._closed_listeners: list[Callable[[], None]] = []
-        self._disconnected_listeners: list[Callable[[], None]] = []
-        self._nc = weakref.ref(nc)
-        self._reviving: set[asyncio.Task[None]] = set()
-        request = nc.request
-
-        async def counted(*args: Any, **kwargs: Any) -> Msg:
-            self.requests += 1
-            return await request(*args, **kwargs)
-
-        nc.request = counted  # type: ignore[method-assign]
-        build = nc._build_message
-
-        def readable(sid: int, subject: bytes, reply: bytes, data: bytes, headers: dict[str, str] | None) -> Any:
-            try:
-                return build(sid, subject, reply, data, headers)
-            except UnicodeDecodeError:
-                # The server takes a subject that is not UTF-8 (a key another module wrote as raw bytes); nats-py's
-                # read loop would end on it for good, with the client still counted connected. Read with its bad
-                # bytes replaced, the key is no token and is named as bad input where it is read (section 7).
-                log.warning("a message on subject %r is not UTF-8: read with its bad bytes replaced", subject[:300])
-                return build(sid, _replaced(subject), _replaced(reply), data, headers)
-
-        nc._build_message = readable  # type: ignore[method-assign]
-
-    def on_reconnected(self, listener: Callable[[], None]) -> None:
-        """Call `listener` on the loop after each reconnect; it must not block (it may start a task)."""
-        self._listeners.append(listener)
-
-    def on_closed(self, listener: Callable[[], None]) -> None:
-        """Call `listener` on the loop once the client is closed for good; it must not block (it may start a thread)."""
-        self._closed_listeners.append(listener)
-
-    def on_disconnected(self, listener: Callable[[], None]) -> None:
-        """Call `listener` on the loop each time the client loses its server; it must not block."""
-        self._disconnected_listeners.append(listener)
-
-    def remove_listener(self, listener: Callable[[], None]) -> None:
-        """Stop calling a listener (of reconnects, disconnects or the close); one never added is ignored."""
-        for listeners in (self._listeners, self._closed_listeners, self._disconnected_listeners):
-            if listener in listeners:
-                listeners.remove(listener)
-
-    def watch_reader(self) -> None:
-        """Make a new connection should the client's current read loop end while the client counts itself connected.
-
-        Runs on the loop, after each connect and reconnect (`reconnected` does it).
-        """
-        nc = self._nc()
-        reader = nc._reading_task if nc is not None else None
-        if reader is not None:
-            reader.remove_done_callback(self._reader_ended)
-            reader.add_done_callback(self._reader_ended)
-
-    def _reader_ended(self, reader: asyncio.Task[None]) -> None:
-        # nats-py's read loop ends on a reconnect or a close, the client then no longer connected. One that ends while
-        # the client counts itself connected met an error nats-py did not foresee (such as "read() called while
-        # another coroutine is already waiting"): nats-py logs it and stops reading, and its client neither reads nor
-        # reconnects again. A new connection is made instead; the watches resynchronise after it as after any.
-        nc = self._nc()
-        if nc is None or reader is not nc._reading_task or not nc.is_connected:
-            return
-        log.warning("the NATS client stopped reading while connected (nats-py logged why); making a new connection")
-        task = asyncio.get_running_loop().create_task(nc.force_reconnect())
-        self._reviving.add(task)
-        task.add_done_callback(self._reviving.discard)
-
-    async def reconnected(self) -> None:
-        """Tell every listener the client is connected again; a listener that raises is logged and skipped."""
-        self.reconnects += 1
-        self.watch_reader()
-        _tell(self._listeners, "a reconnect listener failed")
-
-    async def disconnected(self) -> None:
-        """Fail the requests waiting for an answer, then tell every listener the client lost its server; a listener
-        that raises is logged and skipped."""
-        self._fail_requests()
-        _tell(self._disconnected_listeners, "a disconnect listener failed")
-
-    def _fail_requests(self) -> None:
-        # An answer to a request sent before the server was lost never comes, and nats-py waits for it until the
-        # request's timeout all the same: a watch dropped during a reconnect waited that long to delete its consumer,
-        # and the cache's resync behind it. nats-py keeps each waiting request's future by its token (`_resp_map`);
-        # each fails now with the timeout it would have met later (nats-py's `request` raises its own TimeoutError
-        # for it either way), so every caller handles it as it handles one.
-        nc = self._nc()
-        waiting = getattr(nc, "_resp_map", None)
-        if not isinstance(waiting, dict):
-            return
-        for future in list(waiting.values()):
-            if isinstance(future, asyncio.Future) and not future.done():
-                future.set_exception(nats.errors.TimeoutError())
-
-    async def closed(self) -> None:
-        """Tell every listener the client is closed for good; a listener that raises is logged and skipped."""
-        _tell(self._closed_listeners, "a close listener failed")
-
-
-def _tell(listeners: list[Callable[[], None]], failed: str) -> None:
-    """Call each listener; one that raises is logged with `failed` and skipped."""
-    for listener in list(listeners):
-        try:
-            listener()
-        except Exception:
-            log.exception("%s", failed)
-
-
-def _replaced(raw: bytes) -> bytes:
-    """UTF-8 bytes of what `raw` says, each byte that is not UTF-8 made U+FFFD."""
-    return raw.decode("utf-8", "replace").encode()
-
-
 def closed_for_good(nc: Client) -> str:
     """Why a client will not connect again ("" while it may): it is closed, by nats-py (on a server's error it takes
     as final, such as a control line too long) or by whoever holds it."""
@@ -205,33 +60,24 @@ def closed_for_good(nc: Client) -> str:
     return "the NATS connection is closed for good" + (f" ({type(err).__name__}: {err})" if err else "")
 
 
-_links: weakref.WeakKeyDictionary[Client, Link] = weakref.WeakKeyDictionary()
-
-
-def link(nc: Client) -> Link:
-    """The Link of a client, made (and its requests counted from then on) on first use."""
-    found = _links.get(nc)
-    if found is None:
-        found = _links[nc] = Link(nc)
-    return found
-
-
 Callback = Callable[[], Awaitable[None]]
 
 
-async def connect(servers: list[str], **options: Any) -> Client:
-    """A client connected to `servers` that reconnects forever, logs its disconnects and tells its Link.
+async def connect(servers: list[str], *, client: SeatClient | None = None, **options: Any) -> SeatClient:
+    """A client of the seat's own connected to `servers` that reconnects forever, logs its disconnects and tells
+    its Link: `client` when given (made beforehand, so that whoever made it can close it should this not return),
+    else a new one.
 
     `options` go to nats-py's `Client.connect`; callbacks given there are called after this module's own.
     """
-    nc = Client()
+    nc = client if client is not None else SeatClient()
     await _connect(nc, servers, options)
     return nc
 
 
-async def _connect(nc: Client, servers: list[str], options: dict[str, Any]) -> None:
+async def _connect(nc: SeatClient, servers: list[str], options: dict[str, Any]) -> None:
     """Connect `nc` as `connect` says."""
-    tie = link(nc)
+    tie = nc.link
     theirs_disconnected: Callback | None = options.pop("disconnected_cb", None)
     theirs_reconnected: Callback | None = options.pop("reconnected_cb", None)
     theirs_closed: Callback | None = options.pop("closed_cb", None)
@@ -278,7 +124,6 @@ async def _connect(nc: Client, servers: list[str], options: dict[str, Any]) -> N
         **options,
     )
     made[0] = True
-    tie.watch_reader()
     log.info("connected to NATS at %s", nc.connected_url.netloc if nc.connected_url else servers)
 
 
@@ -327,7 +172,7 @@ async def connect_within(servers: list[str], options: dict[str, Any], within: fl
     Each failed try is logged as a warning and told to `said`; past `within`, NotConnected says the last why. Once
     connected the client reconnects for ever, as `connect`'s does.
     """
-    nc = Client()
+    nc = SeatClient()
     where = ", ".join(servers)
     last = [f"{where} did not answer"]
     theirs: Callable[[Exception], Awaitable[None]] | None = options.get("error_cb")
@@ -478,9 +323,12 @@ def connect_options(config: Config) -> dict[str, Any]:
     return options
 
 
-async def connect_config(config: Config, *, name: str = "mesh-provisioner") -> Client:
-    """A connection to the servers of a config, with its credentials, under a client name."""
-    return await connect(config.servers(), name=name, **connect_options(config))
+async def connect_config(
+    config: Config, client: SeatClient | None = None, *, name: str = "mesh-provisioner"
+) -> SeatClient:
+    """A connection of the seat's own to the servers of a config, with its credentials, under a client name
+    (`client`: see `connect`)."""
+    return await connect(config.servers(), client=client, name=name, **connect_options(config))
 
 
 async def open_bus(config: Config, within: float, said: Callable[[str], None] | None = None) -> Client:

@@ -48,6 +48,11 @@ class EventLoopThread:
         return self
 
     @property
+    def owned(self) -> bool:
+        """Whether this started the loop (and `stop` ends it), not a host."""
+        return self._owned
+
+    @property
     def loop(self) -> asyncio.AbstractEventLoop:
         """The loop every coroutine of the bus runs on."""
         return self._loop

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final
@@ -31,7 +30,8 @@ from nats.js import api
 from nats.js.kv import KV_DEL, KV_OP, KeyValue
 
 from mesh_provisioner.bus.cache import Cache
-from mesh_provisioner.bus.connection import link, open_bucket, subject_of
+from mesh_provisioner.bus.connection import open_bucket, subject_of
+from mesh_provisioner.bus.link import Link, link
 from mesh_provisioner.messages.writes import Delete, Put, Write
 from mesh_provisioner.rules.keys import is_token
 from mesh_provisioner.rules.view import bucket
@@ -127,7 +127,7 @@ class _Acks:
     whole, then waited for once.
     """
 
-    def __init__(self, nc: Client, in_flight: int = IN_FLIGHT) -> None:
+    def __init__(self, nc: Client, tie: Link, in_flight: int = IN_FLIGHT) -> None:
         self._nc = nc
         self._prefix = ""
         self._sub: Subscription | None = None
@@ -137,7 +137,8 @@ class _Acks:
         # At most this many messages wait for their answer at once: a thousand compositions writing together must
         # not flood the connection (the server drops a client that reads its answers too slowly).
         self._room = _Room(in_flight)
-        link(nc).on_disconnected(self._lost)
+        self._link = tie
+        tie.on_disconnected(self._lost)
 
     async def _inbox(self) -> str:
         if self._sub is None:
@@ -160,6 +161,15 @@ class _Acks:
         for future in waiting.values():
             if not future.done():
                 future.set_exception(ConnectionError("the connection to NATS was lost before the answer came"))
+
+    async def close(self) -> None:
+        """Unsubscribe the inbox (a host's connection given back keeps nothing of the seat's), and tell whoever
+        waits that no answer comes."""
+        self._link.remove_listener(self._lost)
+        sub, self._sub = self._sub, None
+        self._lost()
+        if sub is not None and not self._nc.is_closed:
+            await sub.unsubscribe()
 
     async def _answer(self, msg: Msg) -> None:
         future = self._waiting.pop(msg.subject[len(self._prefix):], None)
@@ -203,16 +213,12 @@ class _Acks:
         return out + [failed or TimeoutError("nats: not published")] * (len(messages) - len(out))
 
 
-_acks: weakref.WeakKeyDictionary[Client, _Acks] = weakref.WeakKeyDictionary()
-
-
 def acks_of(nc: Client) -> _Acks:
     """The one inbox of a connection for its stores' acknowledgements, made at first use (as nats-py's own for
-    its requests): stores made again and again on a host's connection subscribe no more than once."""
-    found = _acks.get(nc)
-    if found is None:
-        found = _acks[nc] = _Acks(nc)
-    return found
+    its requests) and kept by its Link: stores made again and again on a connection subscribe no more than once,
+    and a host's connection given back is unsubscribed (`connection.give_back`)."""
+    tie = link(nc)
+    return tie.kept("acks", lambda: _Acks(nc, tie))
 
 
 def _result(future: asyncio.Future[Msg]) -> Msg | BaseException:
@@ -240,7 +246,6 @@ class Store:
         self.errors = 0
         self._timeout = timeout
         self._js = nc.jetstream(timeout=timeout)
-        link(nc)  # its requests are counted from now on
         self._acks = acks_of(nc)
         self._cache = cache
         self._buckets: dict[str, KeyValue] = {}

@@ -11,7 +11,7 @@ from helpers import NatsServer, wait_until
 from nats.aio.client import Client
 
 from mesh_provisioner.bus.asks import ASK_SUBJECT, DECIDED_SUBJECT, Asks, NoRouter
-from mesh_provisioner.bus.connection import link
+from mesh_provisioner.bus.link import link
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.messages.records import Ask, Option, decode
 
