@@ -15,33 +15,41 @@ from contextlib import contextmanager
 
 
 class Turns:
-    """At most `n` holders at once; of those waiting, the lowest priority goes first, then the earliest."""
+    """At most `n` holders at once; of those waiting, the lowest priority goes first, then the earliest.
+
+    A turn given back goes straight to the first waiter, woken alone: a thousand nodes waiting at a start would
+    otherwise all wake at every turn given back, to find it is not theirs.
+    """
 
     def __init__(self, n: int) -> None:
         self._n = n
         self._busy = 0
-        self._waiting: list[tuple[tuple[int, int], int]] = []
+        self._waiting: list[tuple[tuple[int, int], int, threading.Event]] = []
         self._seq = itertools.count()
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
 
     @contextmanager
     def turn(self, priority: tuple[int, int]) -> Iterator[None]:
         """Hold one of the `n` turns for the block, waiting for it behind every lower priority."""
-        with self._cond:
-            me = (priority, next(self._seq))
-            heapq.heappush(self._waiting, me)
-            self._cond.wait_for(lambda: self._busy < self._n and self._waiting[0] == me)
-            heapq.heappop(self._waiting)
-            self._busy += 1
-            self._cond.notify_all()
+        with self._lock:
+            mine: threading.Event | None = None
+            if self._busy < self._n and not self._waiting:
+                self._busy += 1
+            else:
+                mine = threading.Event()
+                heapq.heappush(self._waiting, (priority, next(self._seq), mine))
+        if mine is not None:
+            mine.wait()  # the turn is handed over, already counted
         try:
             yield
         finally:
-            with self._cond:
-                self._busy -= 1
-                self._cond.notify_all()
+            with self._lock:
+                if self._waiting:
+                    heapq.heappop(self._waiting)[2].set()
+                else:
+                    self._busy -= 1
 
     def waiting(self) -> int:
         """How many wait for a turn now."""
-        with self._cond:
+        with self._lock:
             return len(self._waiting)
