@@ -101,8 +101,10 @@ class FixedClient(Client):
     async def _read_loop(self) -> None:
         await super()._read_loop()
         # nats-py's read loop ends on a reconnect or a close, the client then no longer connected. One that ends
-        # while the client counts itself connected met an error nats-py did not foresee (3).
-        if self.is_connected:
+        # while the client counts itself connected met an error nats-py did not foresee (3), unless it was
+        # cancelled or is not the client's reader any more (one replaced by a reconnect, ending late).
+        me = asyncio.current_task()
+        if self.is_connected and me is self._reading_task and not (me is not None and me.cancelling()):
             log.warning("the NATS client stopped reading while connected (nats-py logged why); making a new "
                         "connection")
             await self.force_reconnect()

@@ -216,3 +216,18 @@ def test_stop_watch_on_a_closed_client_ends_its_heartbeat_check(loop: EventLoopT
     with pytest.raises(nats.errors.ConnectionClosedError):
         loop.run(stop_watch(watcher), 5)
     wait_until(_heartbeat(watcher).done, what="the heartbeat check ended")
+
+
+def test_a_read_loop_cancelled_while_connected_makes_no_new_connection(
+    loop: EventLoopThread, nats_server: NatsServer
+) -> None:
+    # Only a reader that ended on its own error is replaced: one cancelled (a loop shutting down, say) is not.
+    nc = loop.run(connect([nats_server.url], reconnect_time_wait=0.2), 10)
+    try:
+        reader = nc._reading_task
+        assert reader is not None
+        loop.loop.call_soon_threadsafe(reader.cancel)
+        wait_until(reader.done, what="the read loop ended")
+        assert nc.is_connected and not nc.is_reconnecting and nc.stats["reconnects"] == 0
+    finally:
+        loop.run(nc.close(), 10)
