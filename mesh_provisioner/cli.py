@@ -85,7 +85,7 @@ def words(text: str) -> tuple[str, ...]:
     return tuple(w.strip() for w in text.split(",") if w.strip())
 
 
-class Option(NamedTuple):
+class CliOption(NamedTuple):
     """One setting of the seat: its flag, its environment variable, the config field it fills, how it is read."""
 
     flag: str
@@ -98,37 +98,37 @@ class Option(NamedTuple):
 
 # Every setting the seat takes, each also from the environment (the README's table lists them).
 OPTIONS: Final = (
-    Option("--nats", "NATS_URL", "nats", "NATS server URL(s), comma-separated: the servers of a cluster",
+    CliOption("--nats", "NATS_URL", "nats", "NATS server URL(s), comma-separated: the servers of a cluster",
            metavar="URL"),
-    Option("--creds", "NATS_CREDS", "creds", "a NATS credentials file (JWT and NKey seed)", metavar="FILE"),
-    Option("--nkey", "NATS_NKEY", "nkey", "an NKey seed file", metavar="FILE"),
-    Option("--user", "NATS_USER", "user", "user name"),
-    Option("--password", "NATS_PASSWORD", "password", "password"),
-    Option("--token", "NATS_TOKEN", "token", "an authentication token"),
-    Option("--tls-ca", "NATS_TLS_CA", "tls_ca", "CA certificate(s) to verify the servers with", metavar="FILE"),
-    Option("--tls-cert", "NATS_TLS_CERT", "tls_cert", "client certificate", metavar="FILE"),
-    Option("--tls-key", "NATS_TLS_KEY", "tls_key", "client certificate's key", metavar="FILE"),
-    Option("--bound-reads", "MESH_PROVISIONER_BOUND_READS", "bound_reads",
+    CliOption("--creds", "NATS_CREDS", "creds", "a NATS credentials file (JWT and NKey seed)", metavar="FILE"),
+    CliOption("--nkey", "NATS_NKEY", "nkey", "an NKey seed file", metavar="FILE"),
+    CliOption("--user", "NATS_USER", "user", "user name"),
+    CliOption("--password", "NATS_PASSWORD", "password", "password"),
+    CliOption("--token", "NATS_TOKEN", "token", "an authentication token"),
+    CliOption("--tls-ca", "NATS_TLS_CA", "tls_ca", "CA certificate(s) to verify the servers with", metavar="FILE"),
+    CliOption("--tls-cert", "NATS_TLS_CERT", "tls_cert", "client certificate", metavar="FILE"),
+    CliOption("--tls-key", "NATS_TLS_KEY", "tls_key", "client certificate's key", metavar="FILE"),
+    CliOption("--bound-reads", "MESH_PROVISIONER_BOUND_READS", "bound_reads",
            "the providers whose <provider>.bound entries are read, comma-separated", words, "LIST"),
-    Option("--max-parallel", "MESH_PROVISIONER_MAX_PARALLEL", "max_parallel",
+    CliOption("--max-parallel", "MESH_PROVISIONER_MAX_PARALLEL", "max_parallel",
            "compositions at once; 0: no bound, 1: one node at a time", whole, "N"),
-    Option("--lease-seconds", "MESH_PROVISIONER_LEASE_SECONDS", "lease_seconds",
+    CliOption("--lease-seconds", "MESH_PROVISIONER_LEASE_SECONDS", "lease_seconds",
            "the seat's lease time, the max age of its lease bucket (at least 2)", number, "SECONDS"),
-    Option("--replicas", "MESH_PROVISIONER_REPLICAS", "replicas",
+    CliOption("--replicas", "MESH_PROVISIONER_REPLICAS", "replicas",
            "servers of a JetStream cluster that keep each bucket the seat creates (1 to 5)", whole, "N"),
-    Option("--router-key", "MESH_PROVISIONER_ROUTER_KEY", "router_key",
+    CliOption("--router-key", "MESH_PROVISIONER_ROUTER_KEY", "router_key",
            "the asks router's ed25519 public key (base64): answers are taken only with its signature", metavar="KEY"),
-    Option("--metrics-addr", "MESH_PROVISIONER_METRICS_ADDR", "metrics_addr",
+    CliOption("--metrics-addr", "MESH_PROVISIONER_METRICS_ADDR", "metrics_addr",
            "host:port serving /metrics, /healthz and /readyz", metavar="HOST:PORT"),
-    Option("--registry", "MESH_PROVISIONER_REGISTRY", "registry",
+    CliOption("--registry", "MESH_PROVISIONER_REGISTRY", "registry",
            "the operator's registry file (TOML or JSON), written into the registry state when the seat is taken",
            metavar="FILE"),
 )
 LOG_OPTIONS: Final = (
-    Option("--log-level", "MESH_PROVISIONER_LOG_LEVEL", "log_level",
+    CliOption("--log-level", "MESH_PROVISIONER_LOG_LEVEL", "log_level",
            f"{', '.join(LOG_LEVELS)} (default INFO; WARNING for show, load and reconcile --dry-run)", str.upper,
            "LEVEL"),
-    Option("--log-format", "MESH_PROVISIONER_LOG_FORMAT", "log_format",
+    CliOption("--log-format", "MESH_PROVISIONER_LOG_FORMAT", "log_format",
            "text, or json: one JSON object a record (default text)", str.lower, "FORMAT"),
 )
 
@@ -221,7 +221,7 @@ class Settings(NamedTuple):
     log_format: str
 
 
-def _from_env(o: Option) -> Any:
+def _from_env(o: CliOption) -> Any:
     """An option's value from its environment variable; Refused names the variable when it does not read."""
     raw = os.environ[o.env]
     try:

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from mesh_provisioner.rules.keys import is_token
-from mesh_provisioner.rules.signature import BadKey, parse_key
+from mesh_provisioner.rules.signature import BadRouterKey, parse_key
 from mesh_provisioner.rules.view import DEFAULT_BOUND_READS
 
 # The bus calls one piece of an actor's work makes one after another, at most: a batch of writes opens its bucket,
@@ -106,7 +106,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
         if self.router_key:
             try:
                 parse_key(self.router_key)
-            except BadKey as err:
+            except BadRouterKey as err:
                 out.append(("router_key", str(err)))
         if self.password and not self.user:
             out.append(("password", "a password needs a user"))

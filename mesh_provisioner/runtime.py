@@ -3,7 +3,7 @@ and stop (design.md, "The shape").
 
 It joins the three parts of the seat: the bus (the watched cache, compare-and-set writes, the operator's channel),
 the dispatcher (actors/dispatch.py: each change of the cache wakes the judgments whose last reads it touched) and
-the supervisor (supervisor.py: the actors, started and restarted). The actors work through it: it is their `Seat`
+the supervisor (supervisor.py: the actors, started and restarted). The actors work through it: it is their `Workplace`
 (actors/base.py). Usable from a larger runtime: it can run on the host's NATS connection and event loop, stops only
 its own actors, installs no signal handler and configures no logging, and answers a host's actors' `ComposeNode`,
 `Status` and `Stop` at `ref`.

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from mesh_provisioner.actors.base import InFlight, Seat, SeatActor
+from mesh_provisioner.actors.base import InFlight, SeatActor, Workplace
 from mesh_provisioner.actors.dispatch import LOOK, Judgment
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import Decided
@@ -26,7 +26,7 @@ log = logging.getLogger("mesh_provisioner.actors.asker")
 class AskerActor(SeatActor):
     """Raises asks and takes their answers, one key at a time."""
 
-    def __init__(self, seat: Seat, in_flight: InFlight, *, retries: int = 8) -> None:
+    def __init__(self, seat: Workplace, in_flight: InFlight, *, retries: int = 8) -> None:
         super().__init__("asker", seat, in_flight, retries)
         self.published: set[str] = set()
         self.asks_raised = 0

@@ -32,7 +32,7 @@ from mesh_provisioner.rules.view import View
 log = logging.getLogger("mesh_provisioner.actors")
 
 
-class Applied(Protocol):
+class WriteResult(Protocol):
     """What applying a batch of writes did: how many landed, and the first that conflicted, if any."""
 
     @property
@@ -45,14 +45,14 @@ class Applied(Protocol):
     def done(self) -> list[tuple[Write, int]]: ...
 
 
-class Seat(Protocol):
+class Workplace(Protocol):
     """What the actors work with: the cache to read, the bus to write, the clock, and each other."""
 
     view: View
     metrics: Metrics
     dispatcher: Dispatcher
 
-    def apply(self, writes: list[Write], writers: Mapping[tuple[str, str], Judgment]) -> Applied:
+    def apply(self, writes: list[Write], writers: Mapping[tuple[str, str], Judgment]) -> WriteResult:
         """Apply writes by compare-and-set, in order, stopping at the first conflict; `writers` names the judgment
         that made each, which its own write does not wake."""
         ...
@@ -156,7 +156,7 @@ class SeatActor(pykka.ThreadingActor):
     """A child of the supervisor: it reports its death, can be killed as a crash, resynchronises on start, and runs
     the judgments queued for it."""
 
-    def __init__(self, name: str, seat: Seat, in_flight: InFlight, retries: int = 8) -> None:
+    def __init__(self, name: str, seat: Workplace, in_flight: InFlight, retries: int = 8) -> None:
         super().__init__()
         self.name = name
         self.retries = retries

@@ -6,7 +6,7 @@ judges all of them, so a restarted one recovers whatever its dead predecessor's 
 
 from __future__ import annotations
 
-from mesh_provisioner.actors.base import InFlight, Seat, SeatActor
+from mesh_provisioner.actors.base import InFlight, SeatActor, Workplace
 from mesh_provisioner.actors.dispatch import JUDGE, Judgment
 from mesh_provisioner.rules.view import bound
 
@@ -14,7 +14,7 @@ from mesh_provisioner.rules.view import bound
 class BoundActor(SeatActor):
     """Judges again the keys a provider's `bound` entries speak of."""
 
-    def __init__(self, provider: str, seat: Seat, in_flight: InFlight, *, retries: int = 8) -> None:
+    def __init__(self, provider: str, seat: Workplace, in_flight: InFlight, *, retries: int = 8) -> None:
         super().__init__(f"bound:{provider}", seat, in_flight, retries)
         self.provider = provider
 

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from mesh_provisioner.actors.base import InFlight, Seat, SeatActor
+from mesh_provisioner.actors.base import InFlight, SeatActor, Workplace
 from mesh_provisioner.actors.dispatch import COMPOSE, JUDGE, Judgment
 from mesh_provisioner.actors.turns import Turns
 from mesh_provisioner.messages import records as r
@@ -30,7 +30,7 @@ class NodeActor(SeatActor):
     def __init__(
         self,
         node: str,
-        seat: Seat,
+        seat: Workplace,
         in_flight: InFlight,
         *,
         retries: int = 8,

@@ -61,7 +61,7 @@ class Conflict(Exception):
     """A compare-and-set that found another revision than the one the write was judged from."""
 
 
-class Refused(Exception):
+class WriteRefused(Exception):
     """A write that is not made at all: a bad key, a blind delete, a bucket that does not exist."""
 
 
@@ -270,7 +270,7 @@ class Store:
                 break
             try:
                 messages.append(await self._message(write))
-            except Refused as err:
+            except WriteRefused as err:
                 stop = str(err)
                 break
             except (nats.errors.Error, TimeoutError) as err:
@@ -298,7 +298,7 @@ class Store:
                     applied.error = applied.error or str(err)
                     log.info("%s", err)
                     continue
-                except (nats.errors.Error, TimeoutError, OSError, Refused) as err:
+                except (nats.errors.Error, TimeoutError, OSError, WriteRefused) as err:
                     self.errors += 1
                     self._buckets.pop(write.state, None)  # open it again next time: it may have been deleted
                     why = f"{_what(write)} failed: {type(err).__name__}: {err}".rstrip(": ")
@@ -326,10 +326,10 @@ class Store:
         """The message that makes one write: its subject, payload and headers (the expected revision)."""
         if not all(is_token(t) for t in write.key.split(".")):
             # Contract section 1: a key joins tokens with dots; any other key is bad input, never written.
-            raise Refused(f"{_what(write)} is not made: the key is not tokens joined by dots")
+            raise WriteRefused(f"{_what(write)} is not made: the key is not tokens joined by dots")
         if isinstance(write, Delete) and write.revision <= 0:
             # messages/writes.py: a delete of revision 0 is never made (it would be a blind delete).
-            raise Refused(f"{_what(write)} is not made: a delete needs the revision it was judged from")
+            raise WriteRefused(f"{_what(write)} is not made: a delete needs the revision it was judged from")
         await self._bucket(write.state)
         subject = subject_of(write.state, write.key)
         expected = {api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: str(write.revision)}
@@ -362,7 +362,7 @@ class Store:
             # Made again only with the lease: the answer and the marker were waited for (contract 8).
             barred = self.guard() if self.guard is not None else ""
             if marker and barred:
-                raise Refused(f"{_what(write)} is not made again on its delete marker: {barred}")
+                raise WriteRefused(f"{_what(write)} is not made again on its delete marker: {barred}")
             if marker:
                 return await self._make(Put(write.state, write.key, write.value, marker))
         raise Conflict(f"{_what(write)} conflicts: the key is no longer at that revision")
@@ -398,7 +398,7 @@ class Store:
             try:
                 kv, _ = await open_bucket(self._js, state)
             except nats.js.errors.BucketNotFoundError:
-                raise Refused(f"bucket {bucket(state)} does not exist, so nothing of {state} is written") from None
+                raise WriteRefused(f"bucket {bucket(state)} does not exist, so nothing of {state} is written") from None
             self._buckets[state] = kv
         return kv
 

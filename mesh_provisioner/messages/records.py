@@ -8,6 +8,7 @@ can say which value is bad and why (section 7).
 from __future__ import annotations
 
 import functools
+import json
 from datetime import datetime
 from typing import Any, Final, TypeVar
 
@@ -339,6 +340,12 @@ R = TypeVar("R")
 
 class BadValue(ValueError):
     """A value of a state that does not decode, naming the state and key."""
+
+
+def canonical_json(value: Any) -> bytes:
+    """A value as JSON with sorted keys, no spaces, UTF-8: what an act's digest and a warrant's signature are taken
+    over (contract 5.4)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 def encode(record: Any) -> bytes:

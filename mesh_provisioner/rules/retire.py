@@ -9,7 +9,6 @@ second one (design.md, property 4).
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -46,8 +45,7 @@ def act(key: str, ask: str, option: str) -> dict[str, str]:
 
 def act_digest(an_act: dict[str, str]) -> str:
     """`sha256:` and the hex SHA-256 of the act as JSON with sorted keys, no spaces, UTF-8 (section 5.4)."""
-    body = json.dumps(an_act, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-    return "sha256:" + hashlib.sha256(body).hexdigest()
+    return "sha256:" + hashlib.sha256(r.canonical_json(an_act)).hexdigest()
 
 
 def retiring_ask(key: str, p: r.Provision, at: datetime, ask_id: str) -> r.Ask:
@@ -162,14 +160,14 @@ Verify = Callable[[r.Warrant | Mapping[str, Any]], str]
 "" when it holds."""
 
 
-class Decided(msgspec.Struct, frozen=True):
+class Decision(msgspec.Struct, frozen=True):
     """What reading one retiring key's answer said, and the writes it asks for."""
 
     said: str = ""
     writes: list[Write] = []
 
 
-def decide(view: View, key: str, now: datetime, verify: Verify | None = None) -> Decided:
+def decide(view: View, key: str, now: datetime, verify: Verify | None = None) -> Decision:
     """Read the router's record of a retiring key's ask and write the warrant into the key (the seeds' Decide).
 
     A chosen option is taken only when the warrant is this module's, for this ask, the option is one the ask
@@ -178,18 +176,18 @@ def decide(view: View, key: str, now: datetime, verify: Verify | None = None) ->
     """
     p, _ = provision_of(view, key)
     if p is None or p.state != r.RETIRING or not p.ask or p.warrant is not None:
-        return Decided()
+        return Decision()
     e = view.get(ASK_RECORDS, p.ask)
     if e is None:
-        return Decided()
+        return Decision()
     rec = e.get(r.AskRecord)
     if rec is None:
-        return Decided(f"{key}: the router's record of {p.ask} is not readable: {e.error}")
+        return Decision(f"{key}: the router's record of {p.ask} is not readable: {e.error}")
     if rec.state in ("", "open"):
-        return Decided()
+        return Decision()
     refused = _refusal(key, p.ask, rec, verify, _written_warrant(e.raw))
     if refused:
-        return Decided(f"{key}: the answer is refused: {refused}")
+        return Decision(f"{key}: the answer is refused: {refused}")
     assert rec.warrant is not None
     w = rec.warrant
     if w.outcome != "chosen":
@@ -203,7 +201,7 @@ def decide(view: View, key: str, now: datetime, verify: Verify | None = None) ->
         by = f"the {w.by.who}, as {w.by.kind} identity {w.by.identity}"
     warrant = r.ProvisionWarrant(ask=p.ask, option=w.option, by=by, at=utc(w.at) if w.at is not None else None)
     writes.provision(key, msgspec.structs.replace(p, warrant=warrant), now)
-    return Decided(f"{key}: {w.option} by {by}", writes.done())
+    return Decision(f"{key}: {w.option} by {by}", writes.done())
 
 
 class Outgoing(msgspec.Struct, frozen=True):
@@ -237,7 +235,7 @@ def outgoing(view: View, key: str, now: datetime) -> Outgoing:
     return Outgoing(ask)
 
 
-def _ask_again(view: View, key: str, p: r.Provision, now: datetime, because: str) -> Decided:
+def _ask_again(view: View, key: str, p: r.Provision, now: datetime, because: str) -> Decision:
     """The key written with a new ask in place of its dead one, and why (5.4); only cleared of the dead one when no
     new one may be raised, which its node's composition then says."""
     asked, why = new_ask(key, p, now)
@@ -248,8 +246,8 @@ def _ask_again(view: View, key: str, p: r.Provision, now: datetime, because: str
     writes = Writes(view)
     writes.provision(key, asked, now)
     if why:
-        return Decided(f"{key}: {because}, and {why}", writes.done())
-    return Decided(f"{key}: {because}; asked again as {asked.ask}", writes.done())
+        return Decision(f"{key}: {because}, and {why}", writes.done())
+    return Decision(f"{key}: {because}; asked again as {asked.ask}", writes.done())
 
 
 def _written_warrant(raw: bytes) -> Mapping[str, Any] | None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -29,7 +28,7 @@ KEY_BYTES: Final = 32
 SIGNATURE_BYTES: Final = 64
 
 
-class BadKey(ValueError):
+class BadRouterKey(ValueError):
     """A router key that is not an ed25519 public key in base64 or hex."""
 
 
@@ -41,7 +40,7 @@ def signed_bytes(warrant: Signed) -> bytes:
     """What the router signs: the warrant without `sig`, as JSON with sorted keys, no spaces, UTF-8 (5.4)."""
     body: dict[str, Any] = dict(warrant) if isinstance(warrant, Mapping) else msgspec.to_builtins(warrant)
     body.pop("sig", None)
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return r.canonical_json(body)
 
 
 def _b64(text: str) -> bytes:
@@ -56,10 +55,10 @@ def _b64(text: str) -> bytes:
 
 
 def parse_key(text: str) -> Ed25519PublicKey:
-    """The router's public key from its 32 raw bytes in base64 (or in hex); raises BadKey saying why not."""
+    """The router's public key from its 32 raw bytes in base64 (or in hex); raises BadRouterKey saying why not."""
     text = text.strip()
     if not text:
-        raise BadKey("the router's key is empty")
+        raise BadRouterKey("the router's key is empty")
     raw: bytes | None = None
     if len(text) == 2 * KEY_BYTES:
         try:
@@ -70,9 +69,9 @@ def parse_key(text: str) -> Ed25519PublicKey:
         try:
             raw = _b64(text)
         except ValueError:
-            raise BadKey("the router's key is neither base64 nor hex") from None
+            raise BadRouterKey("the router's key is neither base64 nor hex") from None
     if len(raw) != KEY_BYTES:
-        raise BadKey(f"the router's key is {len(raw)} bytes, not the {KEY_BYTES} of an ed25519 public key")
+        raise BadRouterKey(f"the router's key is {len(raw)} bytes, not the {KEY_BYTES} of an ed25519 public key")
     return Ed25519PublicKey.from_public_bytes(raw)
 
 
@@ -103,7 +102,7 @@ def warrant_signature_why(warrant: Signed, public_key: str) -> str:
     """Why a warrant is not signed by the router whose key is given (base64 or hex); "" when it is (5.4)."""
     try:
         key = parse_key(public_key)
-    except BadKey as err:
+    except BadRouterKey as err:
         return f"the router's key is not valid: {err}"
     return check(warrant, key)
 
@@ -116,7 +115,7 @@ def make_verify(router_key: str) -> Callable[[Signed], str]:
     """
     try:
         key = parse_key(router_key)
-    except BadKey as err:
+    except BadRouterKey as err:
         why = f"the router's key is not valid: {err}"
         return lambda _warrant: why
     return lambda warrant: check(warrant, key)
