@@ -62,6 +62,8 @@ Listener = Callable[[str, str, Entry | None, Entry | None, bool], None]
 seat made it itself (module docstring)."""
 
 _ADVISORIES: Final = "$JS.EVENT.ADVISORY.STREAM.>"
+# How many values the cache takes in a row before it gives the loop back (a host's tasks run on it too).
+_SLICE: Final = 256
 # A consumer of a watch nobody listens to any more is reaped by the server after this long, should deleting
 # it have failed (the connection was down when the watch was dropped).
 _INACTIVE_THRESHOLD: Final = 30.0
@@ -388,16 +390,29 @@ class Cache:
                     if (update.revision or 0) >= last:
                         break
                     quiet = not update.delta
+                    if len(snapshot) % _SLICE == 0:
+                        await asyncio.sleep(0)  # queued values do not yield the loop: a host's tasks get theirs
         except TimeoutError:
             if not quiet:
                 raise nats.errors.TimeoutError from None
         self._latest[state] = max([last, *(e.revision or 0 for e in snapshot.values())])
-        self._reconcile(state, {k: _content(e) for k, e in snapshot.items()}, last)
+        contents = {k: _content(e) for k, e in snapshot.items()}
+        # Kept a slice at a time, the loop given back between: a bucket of tens of thousands of keys would hold it
+        # for the whole decoding. Each key is told as it is kept, so whoever read a key early is woken by it.
+        keys = list(contents)
+        for start in range(0, max(len(keys) - _SLICE, 0), _SLICE):
+            self._take(state, {k: contents[k] for k in keys[start:start + _SLICE]}, last)
+            await asyncio.sleep(0)
+        self._reconcile(state, contents, last)
         self._done_loading(state)
 
     async def _follow(self, state: str, watcher: KeyValue.KeyWatcher) -> None:
-        """Apply a watch's changes as they come, until it is stopped."""
+        """Apply a watch's changes as they come, until it is stopped, giving the loop back every slice of them."""
+        seen = 0
         async for update in watcher:
+            seen += 1
+            if seen % _SLICE == 0:
+                await asyncio.sleep(0)
             if update is not None:
                 raw, revision = _content(update)
                 self._receive(state, update.key, raw, revision)
@@ -463,6 +478,14 @@ class Cache:
             ours = (state, key, raw) in self._writing
         self._set(state, key, raw, revision, ours)
 
+    def _take(self, state: str, snapshot: dict[str, tuple[bytes | None, int]], last: int | None) -> None:
+        """Keep each key of a freshly loaded bucket's values that memory does not hold as it is (`_reconcile`)."""
+        for key, (raw, revision) in snapshot.items():
+            held = self._held(state, key)
+            if revision == held or (last is not None and held > last and revision < held):
+                continue
+            self._set(state, key, raw, revision)
+
     def _reconcile(self, state: str, snapshot: dict[str, tuple[bytes | None, int]], last: int | None) -> None:
         """Make memory say what a freshly loaded bucket says, telling each key that changed.
 
@@ -470,11 +493,7 @@ class Cache:
         written by this seat after the snapshot was taken: it stays, and the watch brings whatever follows it.
         `last` None: the bucket is gone, and so is every key.
         """
-        for key, (raw, revision) in snapshot.items():
-            held = self._held(state, key)
-            if revision == held or (last is not None and held > last and revision < held):
-                continue
-            self._set(state, key, raw, revision)
+        self._take(state, snapshot, last)
         for key in self.view.keys(state):
             if key in snapshot:
                 continue
