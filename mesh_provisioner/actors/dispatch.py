@@ -63,7 +63,6 @@ class Dispatcher:
         self._last: dict[Token, tuple[int, frozenset[Judgment]]] = {}
         self._count = 0
         self._pruned_at = 0
-        self.runs = 0
 
     # ---- waking ---------------------------------------------------------------------------------------------
 
@@ -173,7 +172,6 @@ class Dispatcher:
                 return
             if reads is None or run.again or self._missed(j, reads):
                 self._queue(j, run.actor, run.since, kicks)
-        self.runs += 1
         self._kick_all(kicks)
 
     def _prune(self, count: int) -> None:
@@ -268,13 +266,3 @@ class Dispatcher:
         """Whether no judgment waits or runs."""
         with self._lock:
             return not self._queued and not self._running
-
-    def waiting(self) -> int:
-        """How many judgments wait or run."""
-        with self._lock:
-            return len(self._queued) + len(self._running)
-
-    def read_sets(self) -> dict[Judgment, frozenset[Token]]:
-        """Each judgment's last read set (a copy), for tests and status."""
-        with self._lock:
-            return {j: frozenset(reads) for j, reads in self._reads.items()}
