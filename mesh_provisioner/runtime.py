@@ -274,7 +274,8 @@ class Runtime:
 
     def reads(self) -> Reads:
         """A view over the cache that records what a judgment reads, stamped with the changes it holds already."""
-        return Reads(self.cache.view, self.cache.changes)
+        cache = self.cache
+        return Reads(cache.view, cache.changes, lambda: cache.changes)
 
     def publish(self, ask: r.Ask) -> None:
         """Publish an ask on the operator's channel, de-duplicated by its id."""

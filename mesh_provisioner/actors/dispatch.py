@@ -187,10 +187,10 @@ class Dispatcher:
             del self._last[t]
 
     def _missed(self, j: Judgment, reads: Reads) -> bool:
-        """Whether another's change counted after a run began reading touched what it read."""
+        """Whether another's change, counted after the run first read a token, touched it."""
         for t in reads.tokens:
             kept = self._last.get(t)
-            if kept is not None and kept[0] > reads.began and j not in kept[1]:
+            if kept is not None and kept[0] > reads.read_at(t) and j not in kept[1]:
                 return True
         return False
 

@@ -255,7 +255,7 @@ def _judge_node(
     """Bring the node's keys to what is needed and what each provider said; retire the rest, asking first."""
     view = writes.view
     kept: dict[str, r.Provision] = {}
-    for key in view.keys(PROVISIONS, node):
+    for key in view.judged_on(node):
         p, _ = provision_of(view, key)
         if p is None:
             continue
@@ -266,11 +266,15 @@ def _judge_node(
         kept[key] = p
     # A key of this node that another node's provision depends on stays needed (a provider's shared
     # credential, or a provider's own needs while a consumer elsewhere depends on them).
-    for dep in view.depended_on(node):
-        if dep in kept and dep not in needed:
-            needed[dep] = msgspec.structs.replace(kept[dep], state="", why="", ask="", warrant=None)
+    # Asked of each key not needed, not of the node as a whole: a consumer elsewhere starting to depend on a key
+    # this node needs already changes nothing here, and wakes nothing here (section 6, by what was read).
+    for key, p in kept.items():
+        if key not in needed and any(k.node_of(u) != node for u in view.dependents(key)):
+            needed[key] = msgspec.structs.replace(p, state="", why="", ask="", warrant=None)
     for key in _depended_first(needed.keys() | kept.keys(), needed):
         have = kept.get(key)
+        if have is None and key in needed:
+            have, _ = provision_of(view, key)  # a shared credential this node needs too, judged here as well
         if key in needed:
             nxt = needed[key]
             if have is not None:

@@ -13,7 +13,7 @@ missed would be a missing wake-up. The indices it mirrors are `MemoryView`'s (ru
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final, TypeVar
 
 from mesh_provisioner.messages import records as r
@@ -57,17 +57,30 @@ class Reads:
     """A view that records what a rule read from it; `tokens` is the read set of the run.
 
     `began` is how many changes the view below had taken when the run began reading (its owner counts them): a
-    change counted up to it is in what the run read.
+    change counted up to it is in what the run read. Given `changes` (that count, read now), each token also keeps
+    the count at its first read (`read_at`): a change counted up to it is in what the run read of that token, so a
+    change that lands during a run but before the run looked is not taken for one it missed.
     """
 
-    def __init__(self, base: View, began: int = 0) -> None:
+    def __init__(self, base: View, began: int = 0, changes: Callable[[], int] | None = None) -> None:
         self.base = base
         self.bound_reads = base.bound_reads
         self.began = began
         self.tokens: set[Token] = set()
+        self._changes = changes
+        self._first: dict[Token, int] = {}
 
     def _read(self, *parts: str) -> None:
-        self.tokens.add(token(*parts))
+        t = token(*parts)
+        if t in self.tokens:
+            return
+        self.tokens.add(t)
+        if self._changes is not None:
+            self._first[t] = self._changes()
+
+    def read_at(self, t: Token) -> int:
+        """The change count the run had seen when it first read a token (`began` when not counted)."""
+        return self._first.get(t, self.began)
 
     def get(self, state: str, key: str) -> Entry | None:
         """The entry at a key; recorded."""
@@ -114,10 +127,10 @@ class Reads:
         self._read("dependents", key)
         return self.base.dependents(key)
 
-    def depended_on(self, node: str) -> set[str]:
-        """Every key of a node another node's provision depends on; recorded."""
-        self._read("depended-on", node)
-        return self.base.depended_on(node)
+    def judged_on(self, node: str) -> list[str]:
+        """The provision keys a node's composition judges; recorded as that list, not as the node's keys."""
+        self._read("judged", node)
+        return self.base.judged_on(node)
 
     def needing(self, provision: str) -> set[str]:
         """Every node with a plan naming a provision; recorded."""
@@ -175,6 +188,7 @@ def touched(view: View, state: str, key: str, old: Entry | None, new: Entry | No
             out |= {token("placed", m) for m in _placed(old) ^ _placed(new)}
     elif state == PROVISIONS:
         out |= _provision(key, _value(old, r.Provision), _value(new, r.Provision))
+        out |= _judged(view, key, old, new)
     elif state == PLANS:
         before, after = plan_provisions_of(old), plan_provisions_of(new)
         if (before or ()) != (after or ()):
@@ -207,17 +221,45 @@ def _provision(key: str, was: r.Provision | None, now: r.Provision | None) -> se
                 out.add(token("by-provider", p.provider.module, p.provider.node))
                 out.add(token("by-provider-module", p.provider.module))
                 out.add(token("by-provider-node", p.provider.node))
-    node = k.node_of(key)
     for dep in set(was.depends_on if was else ()) ^ set(now.depends_on if now else ()):
         out.add(token("dependents", dep))
-        if k.node_of(dep) != node:
-            out.add(token("depended-on", k.node_of(dep)))
     before, after = (was.ask if was else ""), (now.ask if now else "")
     if before != after:
         out |= {token("ask", a) for a in (before, after) if a}
     if bool(before) != bool(after):
         out.add(token("asking"))
     return out
+
+
+def _judged(view: View, key: str, old: Entry | None, new: Entry | None) -> set[Token]:
+    """`judged_on`'s answers a provision change may change: its own node's when the key enters or leaves what that
+    node judges, and another node's when the key starts or stops being the only dependent there of a shared
+    credential from another node (`kept_elsewhere`)."""
+    out: set[Token] = set()
+    node = k.node_of(key)
+    others = any(k.node_of(u) != node for u in view.dependents(key))
+    if _judged_there(old, others) != _judged_there(new, others):
+        out.add(token("judged", node))
+    was, now = _value(old, r.Provision), _value(new, r.Provision)
+    before, after = set(was.depends_on if was else ()), set(now.depends_on if now else ())
+    for dep in before ^ after:
+        there = k.node_of(dep)
+        if there == node or not _is_vault(view.get(PROVISIONS, dep)):
+            continue
+        users = {u for u in view.dependents(dep) if k.node_of(u) != there}
+        if bool(users) != bool(users - {key} if dep in after else users | {key}):
+            out.add(token("judged", there))
+    return out
+
+
+def _is_vault(e: Entry | None) -> bool:
+    p = _value(e, r.Provision)
+    return p is not None and p.provider.module == r.VAULT_MODULE
+
+
+def _judged_there(e: Entry | None, others: bool) -> bool:
+    """Whether a provision entry is among what its node judges, given whether other nodes depend on it."""
+    return e is not None and not (others and _is_vault(e))
 
 
 def _manifest_ids(view: View, ids: Iterable[str]) -> set[Token]:

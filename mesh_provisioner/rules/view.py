@@ -153,8 +153,9 @@ class View(Protocol):
         """Every provision key whose depends-on names a key."""
         ...
 
-    def depended_on(self, node: str) -> set[str]:
-        """Every key of a node that a provision of another node depends on."""
+    def judged_on(self, node: str) -> list[str]:
+        """The provision keys a node's composition judges: all of the node's but the shared credentials that other
+        nodes depend on, which those nodes judge (section 5.2)."""
         ...
 
     def needing(self, provision: str) -> set[str]:
@@ -222,6 +223,17 @@ def not_nodes(view: View) -> dict[str, str]:
     return {key: why for key in sorted(view.keys(PLACEMENT)) if (why := not_a_node(key))}
 
 
+def kept_elsewhere(view: View, key: str) -> bool:
+    """Whether a provision key is a credential of the vault's that a provision of another node depends on: a
+    provider's shared credential, judged by the nodes that need it and not by its own (section 4, 5.2)."""
+    e = view.get(PROVISIONS, key)
+    p = e.get(r.Provision) if e is not None else None
+    if p is None or p.provider.module != r.VAULT_MODULE:
+        return False
+    node = k.node_of(key)
+    return any(k.node_of(u) != node for u in view.dependents(key))
+
+
 class MemoryView:
     """The bus in memory: every state's entries and the indices the rules need, kept as changes arrive."""
 
@@ -235,7 +247,6 @@ class MemoryView:
         self._providers: dict[str, set[str]] = defaultdict(set)  # provision -> modules
         self._by_provider: dict[tuple[str, str], set[str]] = defaultdict(set)
         self._dependents: dict[str, set[str]] = defaultdict(set)
-        self._deps_of_node: dict[str, set[str]] = defaultdict(set)  # node -> keys of it something depends on
         self._needing: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self._by_provider_module: dict[str, set[str]] = defaultdict(set)
         self._by_provider_node: dict[str, set[str]] = defaultdict(set)
@@ -287,14 +298,10 @@ class MemoryView:
         """Every provision key whose depends-on names a key."""
         return set(self._dependents.get(key, ()))
 
-    def depended_on(self, node: str) -> set[str]:
-        """Every key of a node that a provision of another node depends on (it need not exist yet)."""
-        # Readers run on actor threads while the loop thread changes the view: copy each collection in one call.
-        return {
-            dep
-            for dep in list(self._deps_of_node.get(node, ()))
-            if any(k.node_of(u) != node for u in list(self._dependents.get(dep, ())))
-        }
+    def judged_on(self, node: str) -> list[str]:
+        """The provision keys a node's composition judges: all of the node's but the shared credentials that other
+        nodes depend on, which those nodes judge (section 5.2)."""
+        return [key for key in self.keys(PROVISIONS, node) if not kept_elsewhere(self, key)]
 
     def needing(self, provision: str) -> set[str]:
         """Every node with a plan that names a provision."""
@@ -400,7 +407,6 @@ class MemoryView:
                 self._asking.add(key)
             for dep in value.depends_on:
                 self._dependents[dep].add(key)
-                self._deps_of_node[k.node_of(dep)].add(dep)
         elif isinstance(value, r.PlanRecord):
             for p in value.plan.provisions:
                 self._needing[p.provision][k.node_of(key)] += 1
@@ -437,7 +443,6 @@ class MemoryView:
                     users.discard(key)
                     if not users:
                         del self._dependents[dep]
-                        self._deps_of_node[k.node_of(dep)].discard(dep)
         elif isinstance(value, r.PlanRecord):
             for p in value.plan.provisions:
                 self._needing[p.provision][k.node_of(key)] -= 1
@@ -552,9 +557,9 @@ class Overlay:
         """As the view below."""
         return self.base.dependents(key)
 
-    def depended_on(self, node: str) -> set[str]:
+    def judged_on(self, node: str) -> list[str]:
         """As the view below."""
-        return self.base.depended_on(node)
+        return self.base.judged_on(node)
 
     def needing(self, provision: str) -> set[str]:
         """As the view below."""

@@ -97,6 +97,34 @@ def test_a_change_counted_before_a_run_began_reading_is_in_what_it_read() -> Non
     assert d.idle()
 
 
+def test_a_change_during_a_run_before_it_first_read_the_token_is_in_what_it_read() -> None:
+    # Read through a view stamped by the cache's change count: a change counted before the run first read a token
+    # is in what it read there, and does not run it again; one counted after it is, and does.
+    count = [1]
+    d = Dispatcher(Ticks())
+    d.add([ACE], "node:ace")
+    d.take("node:ace")
+    view = MemoryView()
+    view.put("s", "a", b"1", 1)
+    view.put("s", "b", b"1", 1)
+    r = Reads(view, 1, lambda: count[0])
+    r.get("s", "a")
+    count[0] = 2
+    d.changed({B}, route, count=2)  # b changed during the run, before the run read it
+    r.get("s", "b")
+    d.done(ACE, r)
+    assert d.idle()
+    d.add([ACE], "node:ace")
+    d.take("node:ace")
+    r = Reads(view, 2, lambda: count[0])
+    r.get("s", "a")
+    r.get("s", "b")
+    count[0] = 3
+    d.changed({A}, route, count=3)  # a changed during the run, after the run read it
+    d.done(ACE, r)
+    assert [j for j, _ in d.take("node:ace")] == [ACE]
+
+
 def test_a_judgments_own_write_does_not_wake_it() -> None:
     d = Dispatcher(Ticks())
     d.add([ACE, KEY], "node:ace")

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mesh_provisioner.messages import records as r
+from mesh_provisioner.rules.reads import touched
 from mesh_provisioner.rules.view import PLACEMENT, PROVISIONS, MemoryView
 
 NODES = ("ace", "bee", "cat")
@@ -90,3 +91,51 @@ def test_ask_indices_answer_as_a_scan(writes: list[tuple[str, str | None]]) -> N
     assert view.asking() == {key for key, p in held.items() if p.ask}
     for ask in ("retire-1", "retire-2"):
         assert view.keys_of_ask(ask) == {key for key, p in held.items() if p.ask == ask}
+
+
+credentials = st.lists(
+    st.tuples(
+        st.sampled_from(("ace.db.pg-credential", "bee.app.pg", "cat.web.pg", "ace.app.pg", "ace.db.pg")),
+        st.none() | st.tuples(st.booleans(), st.lists(st.sampled_from(("ace.db.pg-credential", "ace.db.pg")),
+                                                         max_size=2, unique=True)),
+    ),
+    max_size=30,
+)
+
+
+@given(credentials)
+def test_5_2_shared_credentials_other_nodes_depend_on_are_judged_by_them_and_touched_says_when(
+    writes: list[tuple[str, tuple[bool, list[str]] | None]],
+) -> None:
+    # judged_on(node) is the node's keys but the vault's keys another node depends on; every write that changes a
+    # node's answer names ("judged", node) among the tokens it touched (or its composition would not be woken).
+    view = MemoryView()
+
+    def scan(node: str) -> list[str]:
+        out = []
+        for key in view.keys(PROVISIONS, node):
+            p = view.get(PROVISIONS, key).get(r.Provision)  # type: ignore[union-attr]
+            users = {u for u in view.keys(PROVISIONS) if u.split(".")[0] != node
+                     and key in view.get(PROVISIONS, u).get(r.Provision).depends_on}  # type: ignore[union-attr]
+            if not (p.provider.module == r.VAULT_MODULE and users):
+                out.append(key)
+        return sorted(out)
+
+    for revision, (key, value) in enumerate(writes, 1):
+        before = {node: scan(node) for node in NODES}
+        old = view.get(PROVISIONS, key)
+        if value is None:
+            view.apply(PROVISIONS, key, None)
+        else:
+            vault, deps = value
+            node, module, provision = key.split(".")
+            raw = json.dumps({"provision": provision, "consumer": {"module": module, "node": node},
+                              "provider": {"module": r.VAULT_MODULE if vault else "postgres", "node": "ace"},
+                              "depends-on": [d for d in deps if d != key], "state": "asked"}).encode()
+            view.put(PROVISIONS, key, raw, revision)
+        tokens = touched(view, PROVISIONS, key, old, view.get(PROVISIONS, key))
+        for node in NODES:
+            after = scan(node)
+            assert sorted(view.judged_on(node)) == after
+            if after != before[node]:
+                assert ("judged", node) in tokens, (key, value, node, before[node], after)
