@@ -23,6 +23,8 @@ COMPOSE: Final = "compose"
 JUDGE: Final = "judge"
 LOOK: Final = "look"
 
+_FEW: Final = 8  # readers a token keeps in a list; a set past that (a list of 8 is a third of a set's memory)
+
 Judgment = tuple[str, str]
 """`(kind, subject)`: `("compose", node)`, `("judge", key)`, `("look", key)`."""
 
@@ -47,20 +49,23 @@ class Dispatcher:
         is down, waiting for its restart): `kick` is then called again by `restarted`."""
         self._kick = kick
         self._lock = threading.Lock()
-        # Kept small, a key's judgment each (design.md: 2 KiB a key): a read set as a tuple, and a token's readers as
-        # the one judgment that most tokens have, a set only once there are more.
+        # Kept small, a key's judgment each (design.md: 2 KiB a key): one shared tuple per token (`_tokens`, each
+        # forgotten once nothing reads it), a read set as a tuple of them, and a token's readers as the one judgment
+        # that most tokens have, a short list while there are few, a set only past that.
+        self._tokens: dict[Token, Token] = {}
         self._reads: dict[Judgment, tuple[Token, ...]] = {}
         self._began: dict[Judgment, int] = {}  # the change count each judgment's last run began reading at
-        self._readers: dict[Token, Judgment | set[Judgment]] = {}
+        self._readers: dict[Token, Judgment | list[Judgment] | set[Judgment]] = {}
         self._queued: dict[Judgment, str] = {}
         self._pending: dict[str, dict[Judgment, float]] = {}  # by actor, in the order queued, each its first wake
         self._running: dict[Judgment, _Run] = {}
         self._ticked: set[str] = set()
         self._writing: dict[tuple[str, str], list[Judgment]] = {}
-        # The count of the last change that touched each token and the judgments that wrote it, while a run may not
-        # have read it: a run that ends finds there whether anything it read changed after it began reading, in one
-        # lookup a token. A change is a judgment's own only when every change kept for the token was.
-        self._last: dict[Token, tuple[int, frozenset[Judgment]]] = {}
+        # The count of the last change that touched each token and the one judgment that wrote it (None: not one
+        # judgment alone), while a run may not have read it: a run that ends finds there whether anything it read
+        # changed after it first read it, in one lookup a token. A change is a judgment's own only when every change
+        # kept for the token was. Emptied whenever no run is under way: every later run begins after all of them.
+        self._last: dict[Token, tuple[int, Judgment | None]] = {}
         self._count = 0
         self._pruned_at = 0
 
@@ -75,23 +80,24 @@ class Dispatcher:
         by it: their run already holds what they wrote (contract 6's fixed point: a judgment run again over its own
         writes writes nothing)."""
         mine = set(writers)
+        writer = next(iter(mine)) if len(mine) == 1 else None
         kicks: list[str] = []
         with self._lock:
             self._count = max(self._count, count)
             if self._running:
                 for t in tokens:
                     kept = self._last.get(t)
-                    self._last[t] = (count, frozenset(mine) if kept is None else kept[1] & mine)
+                    self._last[t] = (count, writer if kept is None or kept[1] == writer else None)
                 self._prune(count)
             woken: set[Judgment] = set()
             for t in tokens:
                 readers = self._readers.get(t)
                 if readers is None:
                     continue
-                if isinstance(readers, set):
-                    woken |= readers
-                else:
+                if isinstance(readers, tuple):
                     woken.add(readers)
+                else:
+                    woken.update(readers)
             for j in woken - mine:
                 # A run that began reading after this change was counted has read it already.
                 if j not in self._running and not (count and self._began.get(j, 0) >= count):
@@ -172,6 +178,8 @@ class Dispatcher:
                 return
             if reads is None or run.again or self._missed(j, reads):
                 self._queue(j, run.actor, run.since, kicks)
+            if not self._running:
+                self._last.clear()
         self._kick_all(kicks)
 
     def _prune(self, count: int) -> None:
@@ -190,7 +198,7 @@ class Dispatcher:
         """Whether another's change, counted after the run first read a token, touched it."""
         for t in reads.tokens:
             kept = self._last.get(t)
-            if kept is not None and kept[0] > reads.read_at(t) and j not in kept[1]:
+            if kept is not None and kept[0] > reads.read_at(t) and kept[1] != j:
                 return True
         return False
 
@@ -214,7 +222,8 @@ class Dispatcher:
         self._kick_all(kicks)
 
     def _index(self, j: Judgment, reads: Iterable[Token]) -> None:
-        new = frozenset(reads)
+        tokens = self._tokens
+        new = frozenset(tokens.setdefault(t, t) for t in reads)
         kept = self._reads.get(j)
         old = frozenset(kept) if kept is not None else frozenset()
         if kept is not None and old == new:
@@ -224,18 +233,29 @@ class Dispatcher:
             readers = self._readers.get(t)
             if readers == j:
                 del self._readers[t]
+                del tokens[t]
             elif isinstance(readers, set):
                 readers.discard(j)
+                if len(readers) == 1:
+                    self._readers[t] = next(iter(readers))
+            elif isinstance(readers, list) and j in readers:
+                readers.remove(j)
                 if len(readers) == 1:
                     self._readers[t] = next(iter(readers))
         for t in new - old:
             readers = self._readers.get(t)
             if readers is None:
                 self._readers[t] = j
+            elif isinstance(readers, tuple):
+                if readers != j:
+                    self._readers[t] = [readers, j]
             elif isinstance(readers, set):
                 readers.add(j)
-            elif readers != j:
-                self._readers[t] = {readers, j}
+            elif j not in readers:
+                if len(readers) < _FEW:
+                    readers.append(j)
+                else:
+                    self._readers[t] = {*readers, j}
 
     # ---- the seat's own writes ------------------------------------------------------------------------------
 

@@ -41,13 +41,9 @@ Token = tuple[str, ...]
 
 T = TypeVar("T")
 
-_interned: dict[Token, Token] = {}
-
-
 def token(*parts: str) -> Token:
-    """One shared tuple per token, so that read sets of a thousand judgments hold pointers, not copies."""
-    t = parts
-    return _interned.setdefault(t, t)
+    """A token from its parts: the kind of read, then what it names."""
+    return parts
 
 
 ALL: Final = "*"  # the node of `keys(state)` without one
@@ -71,7 +67,7 @@ class Reads:
         self._first: dict[Token, int] = {}
 
     def _read(self, *parts: str) -> None:
-        t = token(*parts)
+        t = parts
         if t in self.tokens:
             return
         self.tokens.add(t)
