@@ -29,6 +29,7 @@ from mesh_provisioner.actors.asker import AskerActor
 from mesh_provisioner.actors.base import InFlight
 from mesh_provisioner.actors.bound import BoundActor
 from mesh_provisioner.actors.dispatch import Dispatcher, Judgment
+from mesh_provisioner.actors.host import HostActor
 from mesh_provisioner.actors.node import NodeActor
 from mesh_provisioner.actors.routing import ASKER, Router
 from mesh_provisioner.actors.turns import Turns
@@ -50,8 +51,6 @@ from mesh_provisioner.messages.protocol import (
     Message,
     Resync,
     SeatStatus,
-    Status,
-    Stop,
     Tick,
 )
 from mesh_provisioner.messages.writes import Write
@@ -114,7 +113,7 @@ class Runtime:
         self._registry: RegistryWriter | None = None  # the operator's registry file, read when the seat is taken
         self._closed = False
         link(nc).on_closed(self._connection_closed)
-        self.ref = _HostActor.start(self)
+        self.ref = HostActor.start(self)
 
     # ---- starting and stopping ------------------------------------------------------------------------------
 
@@ -404,22 +403,3 @@ class Runtime:
         children = {n: ref.is_alive() for n, ref in self.children().items()}
         failed = self.failed.result() if self.failed.done() else ""
         return SeatStatus(children, self.supervisor.restarts(), failed, self.in_flight.total())
-
-
-class _HostActor(pykka.ThreadingActor):
-    """The seat's mailbox for a host's actors: `ComposeNode`, `Status`, `Stop` (design.md). Apart from the
-    supervisor's, so that a composition a host waits for never holds a restart back."""
-
-    def __init__(self, seat: Runtime) -> None:
-        super().__init__()
-        self.seat = seat
-
-    def on_receive(self, message: Any) -> Any:
-        """Answer one host message."""
-        if isinstance(message, ComposeNode):
-            return self.seat.compose(message.node).get(timeout=self.seat.config.request_timeout * 6)
-        if isinstance(message, Status):
-            return self.seat.status()
-        if isinstance(message, Stop):
-            threading.Thread(target=self.seat.stop, daemon=True).start()
-        return None

@@ -1,21 +1,17 @@
 """The watched cache: every bucket the rules read, kept in memory by key-value watches (an informer).
 
-Compositions read memory, not the network (design.md). The cache owns a `MemoryView` and fills it from one
-key-value watch per state: the states the rules read (contract section 2: `READS`, each BoundReads provider's
-`<provider>.bound`, `asks.records`), the seat's own (section 4, `OWN`), and `applied` and `collect` for the verb
-(section 9). Each watch first loads the bucket's current values, then follows its changes; every change it applies
-is told to a listener.
+Compositions read memory, not the network (design.md). The cache fills a `Memory` (bus/memory.py: the view,
+changed only forwards, each change told to a listener) from one key-value watch per state: the states the rules
+read (contract section 2: `READS`, each BoundReads provider's `<provider>.bound`, `asks.records`), the seat's own
+(section 4, `OWN`), and `applied` and `collect` for the verb (section 9). Each watch first loads the bucket's
+current values, then follows its changes.
 
 - A bucket that does not exist yet is waited for (section 2): logged once, retried with backoff and woken at
   once by JetStream's stream-created advisory. It never stops the seat.
 - After a reconnect every watch is made again (nats-py's watchers can go silent after a server restart): the
   old watcher is stopped and its consumer deleted, the bucket's current values are loaded anew and reconciled
   with memory, so that changes made while the seat was away arrive as changes.
-- A writer puts its own successful write in at once (`note_written`, read your writes); nothing goes backwards:
-  a change whose revision is not newer than what the cache holds for its key is ignored.
-- The listener is told whether the seat made a change itself: a write it noted, or one whose value it is writing
-  (`begin_writes`), whose echo may come before its acknowledgement. Anything else another writer made.
-- A value that does not decode is kept with why (section 7); nothing a watch reads stops it.
+- A writer puts its own successful write in at once (`note_written`, read your writes).
 
 The view is changed only on the loop's thread; other threads read it as it is.
 """
@@ -25,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from typing import Final
 
@@ -34,11 +29,12 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+from nats.js.kv import KeyValue
 
 from mesh_provisioner.bus.connection import open_bucket, stream_of, subject_of
 from mesh_provisioner.bus.link import link
-from mesh_provisioner.bus.natsfix import stop_watch, watch_consumer
+from mesh_provisioner.bus.memory import Listener, Memory
+from mesh_provisioner.bus.watch import INACTIVE_THRESHOLD, SLICE, content, drop_watch, first_values
 from mesh_provisioner.rules.view import (
     APPLIED,
     ASK_RECORDS,
@@ -48,25 +44,14 @@ from mesh_provisioner.rules.view import (
     OWN,
     READS,
     REGISTRY,
-    Entry,
     MemoryView,
     bound,
     bucket,
-    entry_of,
 )
 
 log = logging.getLogger("mesh_provisioner.bus.cache")
 
-Listener = Callable[[str, str, Entry | None, Entry | None, bool], None]
-"""Told each change the cache applies: `(state, key, old entry or None, new entry or None, ours)`, `ours` when the
-seat made it itself (module docstring)."""
-
 _ADVISORIES: Final = "$JS.EVENT.ADVISORY.STREAM.>"
-# How many values the cache takes in a row before it gives the loop back (a host's tasks run on it too).
-_SLICE: Final = 256
-# A consumer of a watch nobody listens to any more is reaped by the server after this long, should deleting
-# it have failed (the connection was down when the watch was dropped).
-_INACTIVE_THRESHOLD: Final = 30.0
 
 
 def watched_states(bound_reads: Iterable[str] = DEFAULT_BOUND_READS) -> tuple[str, ...]:
@@ -74,12 +59,6 @@ def watched_states(bound_reads: Iterable[str] = DEFAULT_BOUND_READS) -> tuple[st
     retired `needs`, whose keys it deletes, and the `registry`, whose keys another writer deletes it writes back),
     and what the verb reads (section 9: `applied` and `collect`)."""
     return (*READS, *(bound(p) for p in bound_reads), ASK_RECORDS, *OWN, NEEDS, REGISTRY, APPLIED, COLLECT)
-
-
-def _content(entry: KeyValue.Entry) -> tuple[bytes | None, int]:
-    """A watched entry's value (None: a delete or purge marker, section 2's "no key") and its revision."""
-    deleted = entry.operation in (KV_DEL, KV_PURGE)
-    return (None if deleted else entry.value or b""), entry.revision or 0
 
 
 class Cache:
@@ -108,12 +87,11 @@ class Cache:
         creation wakes its watch at once. `load_timeout` bounds the wait for each value of a bucket's first load,
         `request_timeout` each request to JetStream (a bucket opened, a key read again).
         """
-        self.view = MemoryView(bound_reads)
+        self.memory = Memory(MemoryView(bound_reads), on_change)
+        self.view = self.memory.view
         self.states = tuple(states) if states is not None else watched_states(self.view.bound_reads)
-        self.on_change = on_change
         self.on_resync = on_resync
         self.resyncs = 0
-        self.changes = 0  # changes applied to the view so far
         self._nc = nc
         self._js = nc.jetstream(timeout=request_timeout)
         self._link = link(nc)
@@ -124,8 +102,6 @@ class Cache:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._watchers: dict[str, KeyValue.KeyWatcher] = {}  # each state's current watch, once it follows
         self._latest: dict[str, int] = {}  # each state's newest revision its watch delivered
-        self._gone: dict[str, dict[str, int]] = defaultdict(dict)  # deleted keys' revisions, so none comes back
-        self._floor: dict[str, int] = {}  # per state: every revision up to it is in memory already
         self._loading: set[str] = set()
         self._missing: set[str] = set()  # states whose bucket does not exist (section 2)
         self._loaded = asyncio.Event()
@@ -133,9 +109,11 @@ class Cache:
         self._created: dict[str, asyncio.Event] = {}
         self._advisories: Subscription | None = None
         self._resync_task: asyncio.Task[None] | None = None
-        # The values of the writes this seat is making, each (state, key, value or None for a delete): counted, as
-        # two actors may write the same value to a key at once.
-        self._writing: Counter[tuple[str, str, bytes | None]] = Counter()
+
+    @property
+    def changes(self) -> int:
+        """How many changes memory has applied so far (`Memory.changes`)."""
+        return self.memory.changes
 
     # ---- the cache's life -------------------------------------------------------------------------------
 
@@ -231,18 +209,18 @@ class Cache:
         except nats.js.errors.KeyNotFoundError as err:
             entry = getattr(err, "entry", None)
             if isinstance(entry, KeyValue.Entry) and entry.revision:
-                self._receive(state, key, None, entry.revision)  # deleted, at the marker's revision
+                self.memory.receive(state, key, None, entry.revision)  # deleted, at the marker's revision
             elif (held := self.view.get(state, key)) is not None:
-                self._set(state, key, None, held.revision)  # purged: no revision says when
+                self.memory.set(state, key, None, held.revision)  # purged: no revision says when
             return True
         except nats.js.errors.BucketNotFoundError:
-            self._reconcile(state, {}, None)
+            self.memory.reconcile(state, {}, None)
             return True
         except (nats.errors.Error, TimeoutError) as err:
             # The bus out of reach (a server lost mid-request): the caller does its work again later.
             log.info("%s %s could not be read again: %s", state, key, err)
             return False
-        self._receive(state, key, found.value or b"", found.revision or 0)
+        self.memory.receive(state, key, found.value or b"", found.revision or 0)
         return True
 
     async def stop(self) -> None:
@@ -263,21 +241,12 @@ class Cache:
     # ---- read your writes -------------------------------------------------------------------------------
 
     def begin_writes(self, writes: Iterable[tuple[str, str, bytes | None]]) -> None:
-        """Writes this seat is making, each (state, key, value or None for a delete), until `end_writes`.
-
-        Meanwhile a change the watch brings with one of these values is the seat's own: the write's echo, come
-        before its acknowledgement. Called on the loop, as the store is.
-        """
-        self._writing.update(writes)
+        """Writes this seat is making, until `end_writes` (`Memory.begin_writes`). Called on the loop."""
+        self.memory.begin_writes(writes)
 
     def end_writes(self, writes: Iterable[tuple[str, str, bytes | None]]) -> None:
-        """Writes begun are made or given up: a value the watch brings for them from now on is another writer's."""
-        for write in writes:
-            left = self._writing[write] - 1
-            if left > 0:
-                self._writing[write] = left
-            else:
-                del self._writing[write]
+        """Writes begun are made or given up (`Memory.end_writes`). Called on the loop."""
+        self.memory.end_writes(writes)
 
     def note_written(self, state: str, key: str, raw: bytes | None, revision: int) -> None:
         """Keep a write this seat made (None: a delete) at its new revision, unless the cache holds a newer one.
@@ -288,9 +257,9 @@ class Cache:
             return
         loop = self._loop
         if loop is not None and not _on(loop):
-            loop.call_soon_threadsafe(self._receive, state, key, raw, revision, True)
+            loop.call_soon_threadsafe(self.memory.receive, state, key, raw, revision, True)
             return
-        self._receive(state, key, raw, revision, True)
+        self.memory.receive(state, key, raw, revision, True)
 
     # ---- one watch per state ----------------------------------------------------------------------------
 
@@ -319,7 +288,7 @@ class Cache:
                     log.info("bucket %s does not exist yet; waiting for it", name)
                     waiting = True
                 self._missing.add(state)
-                self._reconcile(state, {}, None)  # no bucket: no keys
+                self.memory.reconcile(state, {}, None)  # no bucket: no keys
                 self._done_loading(state)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(created.wait(), delay)
@@ -337,7 +306,7 @@ class Cache:
                 waiting = False
             watcher = None
             try:
-                watcher = await kv.watchall(inactive_threshold=_INACTIVE_THRESHOLD)
+                watcher = await kv.watchall(inactive_threshold=INACTIVE_THRESHOLD)
                 await self._load(state, watcher, info.state.last_seq, info.state.messages)
                 delay = self._backoff[0]
                 self._watchers[state] = watcher
@@ -353,57 +322,22 @@ class Cache:
                     del self._watchers[state]
                 if watcher is not None:
                     # Shielded: a second cancel while it runs must not leave the consumer behind.
-                    await asyncio.shield(self._drop(state, watcher))
+                    await asyncio.shield(drop_watch(self._nc, self._js, stream_of(state), watcher))
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._backoff[1])
 
     async def _load(self, state: str, watcher: KeyValue.KeyWatcher, last: int, messages: int = 0) -> None:
-        """Read the bucket's current values through a new watch and reconcile memory with them.
-
-        `last` is the stream's last revision and `messages` its count of messages from just before the watch
-        started: everything up to `last` is in the values the watch delivers first, in order, and the last of them
-        is of revision `last` or later (the key written last holds it, or a newer value). The load ends there.
-        nats-py's marker (None) that says they have all come may come before them (it races the consumer's first
-        deliveries), and a consumer on a cluster's server that is catching up says nothing is pending before it has
-        them: neither ends the load, but of a bucket that held nothing. Values ignored as loaded would be lost for
-        good: the floor drops them. Should nothing come for `load_timeout` s after a value with nothing pending
-        (the stream's last message removed by hand), what came is taken as the bucket.
-        """
-        snapshot: dict[str, KeyValue.Entry] = {}
-        quiet = False
-        loop = asyncio.get_running_loop()
-        try:
-            # One deadline, moved on at each value: nats-py's `updates(timeout)` runs each wait as a task of its own
-            # (asyncio.wait_for), 19 µs a value against 4 here, over a second of loading a 1,000-node mesh.
-            async with asyncio.timeout(self._load_timeout) as deadline:
-                while True:
-                    try:
-                        update = await anext(watcher)
-                    except StopAsyncIteration:
-                        raise RuntimeError(f"the watch of {bucket(state)} was stopped while loading") from None
-                    deadline.reschedule(loop.time() + self._load_timeout)
-                    if update is None:
-                        if not messages:
-                            break  # an empty bucket: the watch's marker is all there is
-                        continue
-                    snapshot[update.key] = update
-                    if (update.revision or 0) >= last:
-                        break
-                    quiet = not update.delta
-                    if len(snapshot) % _SLICE == 0:
-                        await asyncio.sleep(0)  # queued values do not yield the loop: a host's tasks get theirs
-        except TimeoutError:
-            if not quiet:
-                raise nats.errors.TimeoutError from None
+        """Read the bucket's current values through a new watch (`first_values`) and reconcile memory with them."""
+        snapshot = await first_values(watcher, bucket(state), last, messages, self._load_timeout)
         self._latest[state] = max([last, *(e.revision or 0 for e in snapshot.values())])
-        contents = {k: _content(e) for k, e in snapshot.items()}
+        contents = {k: content(e) for k, e in snapshot.items()}
         # Kept a slice at a time, the loop given back between: a bucket of tens of thousands of keys would hold it
         # for the whole decoding. Each key is told as it is kept, so whoever read a key early is woken by it.
         keys = list(contents)
-        for start in range(0, max(len(keys) - _SLICE, 0), _SLICE):
-            self._take(state, {k: contents[k] for k in keys[start:start + _SLICE]}, last)
+        for start in range(0, max(len(keys) - SLICE, 0), SLICE):
+            self.memory.take(state, {k: contents[k] for k in keys[start:start + SLICE]}, last)
             await asyncio.sleep(0)
-        self._reconcile(state, contents, last)
+        self.memory.reconcile(state, contents, last)
         self._done_loading(state)
 
     async def _follow(self, state: str, watcher: KeyValue.KeyWatcher) -> None:
@@ -411,25 +345,12 @@ class Cache:
         seen = 0
         async for update in watcher:
             seen += 1
-            if seen % _SLICE == 0:
+            if seen % SLICE == 0:
                 await asyncio.sleep(0)
             if update is not None:
-                raw, revision = _content(update)
-                self._receive(state, update.key, raw, revision)
+                raw, revision = content(update)
+                self.memory.receive(state, update.key, raw, revision)
                 self._latest[state] = max(self._latest.get(state, 0), revision)
-
-    async def _drop(self, state: str, watcher: KeyValue.KeyWatcher) -> None:
-        """Stop a watcher and delete its consumer, so that no consumer is left behind."""
-        consumer = watch_consumer(watcher)
-        try:
-            await stop_watch(watcher)
-        except nats.errors.Error as err:
-            log.debug("stopping the watch of %s: %s", bucket(state), err)
-        if consumer is not None and self._nc.is_connected:
-            try:
-                await self._js.delete_consumer(stream_of(state), consumer)
-            except (nats.errors.Error, TimeoutError) as err:
-                log.debug("deleting the watch consumer %s of %s: %s", consumer, bucket(state), err)
 
     def _done_loading(self, state: str) -> None:
         """Note that a state's bucket is loaded (or missing); once all are, the cache is synced."""
@@ -457,84 +378,6 @@ class Cache:
         if self._resync_task is not None and not self._resync_task.done():
             self._resync_task.cancel()
         self._resync_task = asyncio.create_task(self.resync(), name="cache resync")
-
-    # ---- applying changes -------------------------------------------------------------------------------
-
-    def _held(self, state: str, key: str) -> int:
-        """The revision the cache holds for a key, kept or deleted; 0 when none."""
-        entry = self.view.get(state, key)
-        return entry.revision if entry is not None else self._gone[state].get(key, 0)
-
-    def _receive(self, state: str, key: str, raw: bytes | None, revision: int, ours: bool | None = None) -> None:
-        """Apply one change unless the cache already holds its revision or a newer one (never backwards); `ours`
-        when the seat made it, None to tell from the writes it is making.
-
-        Nor one at or below the state's floor: the last load already holds every change up to it, so such a
-        change (a write's own note arriving after a reload, say) can only be older than what memory says.
-        """
-        if revision <= max(self._held(state, key), self._floor.get(state, 0)):
-            return
-        if ours is None:
-            ours = (state, key, raw) in self._writing
-        self._set(state, key, raw, revision, ours)
-
-    def _take(self, state: str, snapshot: dict[str, tuple[bytes | None, int]], last: int | None) -> None:
-        """Keep each key of a freshly loaded bucket's values that memory does not hold as it is (`_reconcile`)."""
-        for key, (raw, revision) in snapshot.items():
-            held = self._held(state, key)
-            if revision == held or (last is not None and held > last and revision < held):
-                continue
-            self._set(state, key, raw, revision)
-
-    def _reconcile(self, state: str, snapshot: dict[str, tuple[bytes | None, int]], last: int | None) -> None:
-        """Make memory say what a freshly loaded bucket says, telling each key that changed.
-
-        A key whose revision is the same is left alone. A key the cache holds at a revision past `last` was
-        written by this seat after the snapshot was taken: it stays, and the watch brings whatever follows it.
-        `last` None: the bucket is gone, and so is every key.
-        """
-        self._take(state, snapshot, last)
-        for key in self.view.keys(state):
-            if key in snapshot:
-                continue
-            entry = self.view.get(state, key)
-            if entry is not None and last is not None and entry.revision > last:
-                continue
-            self._set(state, key, None, last or 0)
-        # From now on a change at or below `last` is old news; a deleted key's revision matters only above it.
-        # (The stream's last revision only grows, unless the bucket was made anew: then it is the new one's.)
-        self._floor[state] = last or 0
-        gone = self._gone[state]
-        for key in [k for k, rev in gone.items() if last is None or rev <= last]:
-            del gone[key]
-
-    def _set(self, state: str, key: str, raw: bytes | None, revision: int, ours: bool = False) -> None:
-        """Set a key in the view (None: delete it) and tell the listener; a bad key or value is logged."""
-        if raw is None:
-            if revision > 0:
-                self._gone[state][key] = revision
-        else:
-            self._gone[state].pop(key, None)
-        try:
-            new = None if raw is None else entry_of(state, key, raw, revision)
-            old = self.view.apply(state, key, new)
-        except Exception:
-            # Contract section 7: nothing the seat reads can crash it.
-            log.exception("could not keep %s %s at revision %d", state, key, revision)
-            return
-        if new is not None and new.error:
-            log.warning("%s", new.error)
-        if old is None and new is None:
-            return
-        # Counted once memory holds the change: a judgment that began reading at this count or later read it.
-        self.changes += 1
-        listener = self.on_change
-        if listener is not None:
-            try:
-                listener(state, key, old, new, ours)
-            except Exception:
-                log.exception("the change listener failed on %s %s", state, key)
-
 
 def _on(loop: asyncio.AbstractEventLoop) -> bool:
     """Whether the calling thread runs `loop`."""
