@@ -32,11 +32,7 @@ from nats.js.kv import KV_DEL, KV_OP, KeyValue
 
 from mesh_provisioner.bus.connection import ensure_buckets, open_bucket
 from mesh_provisioner.bus.loop import EventLoopThread
-from mesh_provisioner.messages import records as r
-from mesh_provisioner.messages.writes import Delete, Put, Write
-from mesh_provisioner.rules import keys as k
-from mesh_provisioner.rules.node import compose_node, rejudge
-from mesh_provisioner.rules.view import (
+from mesh_provisioner.contract import (
     BUILDS,
     DEFAULT_BOUND_READS,
     HAVE,
@@ -48,11 +44,12 @@ from mesh_provisioner.rules.view import (
     REFUSED,
     RESOLVED,
     WANTS,
-    Entry,
-    entry_of,
-    group_of,
-    plan_provisions_of,
 )
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.messages.writes import Delete, Put, Write
+from mesh_provisioner.rules import keys as k
+from mesh_provisioner.rules.node import compose_node, rejudge
+from mesh_provisioner.rules.view import Entry, entry_of, group_of, plan_provisions_of
 
 TIMEOUT = 30.0
 

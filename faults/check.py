@@ -34,11 +34,11 @@ from faults.bus import Bus, comparable, diff, plans, provisions, refusals, seat_
 from mesh_provisioner.actors.base import ActorKilled
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.config import Config
+from mesh_provisioner.contract import VERB_SUBJECT
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules import keys as k
 from mesh_provisioner.runtime import Runtime
 
-VERB = "mesh-provisioner.provisioning"
 WATCHED_LOGGERS = ("pykka", "mesh_provisioner")
 
 
@@ -125,7 +125,7 @@ def verb_answers(url: str, timeout: float = 20.0) -> list[str]:
     async def ask() -> dict[str, Any]:
         nc = await nats.connect(url.split(","), max_reconnect_attempts=1, connect_timeout=2)
         try:
-            msg = await nc.request(VERB, b'{"what": "plans"}', timeout=2)
+            msg = await nc.request(VERB_SUBJECT, b'{"what": "plans"}', timeout=2)
             answer: dict[str, Any] = json.loads(msg.data)
             return answer
         finally:

@@ -15,17 +15,7 @@ from typing import Any
 import msgspec
 
 from faults.bus import Bus, raw
-from mesh_provisioner.rules.view import (
-    ASK_RECORDS,
-    BUILDS,
-    HAVE,
-    MANIFESTS,
-    MODULES,
-    PLACEMENT,
-    RESOLVED,
-    WANTS,
-    bound,
-)
+from mesh_provisioner.contract import ASK_RECORDS, BUILDS, HAVE, MANIFESTS, MODULES, PLACEMENT, RESOLVED, WANTS, bound
 from mesh_provisioner.samples import sample_mesh
 
 NODES = ("ace", "bee", "cat")

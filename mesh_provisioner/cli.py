@@ -26,15 +26,16 @@ import pykka
 
 from mesh_provisioner.bus.connection import NotConnected, open_bus
 from mesh_provisioner.bus.embedded import EmbeddedServer
-from mesh_provisioner.bus.loader import ROUTER_STREAM, add_router_stream, put_states
+from mesh_provisioner.bus.loader import add_router_stream, put_states
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.snapshot import snapshot
-from mesh_provisioner.bus.verb import SUBJECT, version
+from mesh_provisioner.bus.verb import version
 from mesh_provisioner.config import Config
+from mesh_provisioner.contract import PROVISIONS, ROUTER_STREAM, VERB_SUBJECT
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Put
 from mesh_provisioner.rules.settle import Settled, settle
-from mesh_provisioner.rules.view import PROVISIONS, MemoryView
+from mesh_provisioner.rules.view import MemoryView
 from mesh_provisioner.runtime import Runtime
 from mesh_provisioner.samples import BadMesh, mesh_of, sample_text
 from mesh_provisioner.seat import Seat
@@ -493,7 +494,7 @@ def demo(config: Config, keep: bool, stop: threading.Event) -> int:
                 stop.set()
                 return
             metrics = f", metrics on http://{config.metrics_addr}/metrics" if config.metrics_addr else ""
-            say(f"\nThe seat holds its lease on {server.url} and answers its verb on {SUBJECT}{metrics}.\n"
+            say(f"\nThe seat holds its lease on {server.url} and answers its verb on {VERB_SUBJECT}{metrics}.\n"
                 f"In another terminal: {PROG} --nats {server.url} show provisions\n"
                 "Interrupt (Ctrl-C) to stop.")
 

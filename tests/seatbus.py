@@ -19,9 +19,6 @@ from helpers import NatsServer
 from faults import bus as faults_bus
 from faults import check
 from faults.bus import (
-    ASKS_STREAM,
-    DECIDED,
-    SEAT_STATES,
     Bus,
     comparable,
     diff,
@@ -35,7 +32,7 @@ from mesh_provisioner.config import Config
 from mesh_provisioner.runtime import Runtime
 
 __all__ = [
-    "ASKS_STREAM", "DECIDED", "SEAT_STATES", "Bus", "Seats", "assert_fixed_point", "bus", "comparable", "diff",
+    "Bus", "Seats", "assert_fixed_point", "bus", "comparable", "diff",
     "load_sample", "mesh", "plans", "provisions", "raw", "seat_config", "seat_state", "seats", "settle", "sup",
 ]
 

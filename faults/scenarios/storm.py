@@ -19,7 +19,7 @@ from faults.bus import Bus, raw
 from faults.mesh import NODES, REFERENCED
 from faults.spies import CasSpy, spied_compositions, spied_runtimes
 from faults.twin import Params, Run, Twin, finish
-from mesh_provisioner.rules.view import bound, bucket
+from mesh_provisioner.contract import bound, bucket
 
 NAME = "storm"
 FAULTS = "storm of a provider's bound entries, thousands a second"

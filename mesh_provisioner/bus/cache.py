@@ -39,7 +39,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from mesh_provisioner.bus.connection import open_bucket, stream_of, subject_of
 from mesh_provisioner.bus.link import link
 from mesh_provisioner.bus.natsfix import stop_watch, watch_consumer
-from mesh_provisioner.rules.view import (
+from mesh_provisioner.contract import (
     APPLIED,
     ASK_RECORDS,
     COLLECT,
@@ -48,12 +48,10 @@ from mesh_provisioner.rules.view import (
     OWN,
     READS,
     REGISTRY,
-    Entry,
-    MemoryView,
     bound,
     bucket,
-    entry_of,
 )
+from mesh_provisioner.rules.view import Entry, MemoryView, entry_of
 
 log = logging.getLogger("mesh_provisioner.bus.cache")
 

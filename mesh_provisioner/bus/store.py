@@ -32,9 +32,9 @@ from nats.js.kv import KV_DEL, KV_OP, KeyValue
 from mesh_provisioner.bus.cache import Cache
 from mesh_provisioner.bus.connection import open_bucket, subject_of
 from mesh_provisioner.bus.link import Link, link
+from mesh_provisioner.contract import bucket
 from mesh_provisioner.messages.writes import Delete, Put, Write
 from mesh_provisioner.rules.keys import is_token
-from mesh_provisioner.rules.view import bucket
 
 log = logging.getLogger("mesh_provisioner.bus.store")
 

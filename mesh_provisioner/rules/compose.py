@@ -12,9 +12,10 @@ from typing import TypeVar
 
 import msgspec
 
+from mesh_provisioner.contract import BUILDS, MODULES, PLACEMENT, RESOLVED
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules import keys as k
-from mesh_provisioner.rules.view import BUILDS, MODULES, PLACEMENT, RESOLVED, View, manifest
+from mesh_provisioner.rules.view import View, manifest
 
 CREDENTIAL_FORMS = ("", "own", "shared")
 

@@ -16,9 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Final, TypeVar
 
-from mesh_provisioner.messages import records as r
-from mesh_provisioner.rules import keys as k
-from mesh_provisioner.rules.view import (
+from mesh_provisioner.contract import (
     BUILDS,
     HAVE,
     MANIFESTS,
@@ -28,13 +26,12 @@ from mesh_provisioner.rules.view import (
     PROVISIONS,
     REFUSED,
     RESOLVED,
+    VAULT_MODULE,
     WANTS,
-    Entry,
-    View,
-    group_of,
-    manifest,
-    plan_provisions_of,
 )
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.rules import keys as k
+from mesh_provisioner.rules.view import Entry, View, group_of, manifest, plan_provisions_of
 
 Token = tuple[str, ...]
 """One thing a judgment read: `("get", state, key)`, `("keys", state, node or "*")`, or an index and its value."""
@@ -254,7 +251,7 @@ def _judged(view: View, key: str, old: Entry | None, new: Entry | None) -> set[T
 
 def _is_vault(e: Entry | None) -> bool:
     p = _value(e, r.Provision)
-    return p is not None and p.provider.module == r.VAULT_MODULE
+    return p is not None and p.provider.module == VAULT_MODULE
 
 
 def _judged_there(e: Entry | None, others: bool) -> bool:

@@ -15,47 +15,27 @@ from typing import Any, Final, Protocol, TypeVar
 
 import msgspec
 
+from mesh_provisioner.contract import (
+    ASK_RECORDS,
+    BUILDS,
+    DEFAULT_BOUND_READS,
+    HAVE,
+    MANIFESTS,
+    MODULES,
+    PLACEMENT,
+    PLANS,
+    PROVISIONS,
+    REFUSED,
+    REGISTRY,
+    RESOLVED,
+    SEAT,
+    VAULT_MODULE,
+    WANTS,
+)
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules import keys as k
 
 T = TypeVar("T")
-
-# The states of the contract (section 2 and 4), by their names on the bus.
-PLACEMENT: Final = "mesh-controller.placement"
-WANTS: Final = "mesh-assigner.wants"
-MODULES: Final = "mesh-indexer.modules"
-MANIFESTS: Final = "mesh-indexer.manifests"
-BUILDS: Final = "mesh-builder.builds"
-HAVE: Final = "node-engine.have"
-RESOLVED: Final = "mesh-config.resolved"
-ASK_RECORDS: Final = "asks.records"
-PLANS: Final = "mesh-provisioner.plans"
-PROVISIONS: Final = "mesh-provisioner.provisions"
-REFUSED: Final = "mesh-provisioner.refused"
-NEEDS: Final = "mesh-provisioner.needs"
-REGISTRY: Final = "mesh-provisioner.registry"
-SEAT: Final = "mesh-provisioner.seat"
-APPLIED: Final = "mesh-provisioner.applied"
-COLLECT: Final = "mesh-provisioner.collect"
-
-# BoundReads as the seeds have it (section 2).
-DEFAULT_BOUND_READS: Final = ("gitea", "keycloak", "postgres", "route-adapter", "route-proxy", "node-tools",
-                              "mesh-vault")
-
-READS: Final = (PLACEMENT, WANTS, MODULES, MANIFESTS, BUILDS, HAVE, RESOLVED)
-OWN: Final = (PLANS, PROVISIONS, REFUSED)
-
-
-def bound(provider: str) -> str:
-    """The state a provider keeps its outcomes in: `<provider>.bound`."""
-    return provider + ".bound"
-
-
-def bucket(state: str) -> str:
-    """The key-value bucket of a state: `M.S` is `M_S` (section 1)."""
-    module, _, name = state.rpartition(".")
-    return f"{module}_{name}"
-
 
 _KINDS: Final[dict[str, type[Any]]] = {
     PLACEMENT: r.Placement,
@@ -228,7 +208,7 @@ def kept_elsewhere(view: View, key: str) -> bool:
     provider's shared credential, judged by the nodes that need it and not by its own (section 4, 5.2)."""
     e = view.get(PROVISIONS, key)
     p = e.get(r.Provision) if e is not None else None
-    if p is None or p.provider.module != r.VAULT_MODULE:
+    if p is None or p.provider.module != VAULT_MODULE:
         return False
     node = k.node_of(key)
     return any(k.node_of(u) != node for u in view.dependents(key))

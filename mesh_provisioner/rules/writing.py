@@ -12,9 +12,10 @@ from typing import Any
 
 import msgspec
 
+from mesh_provisioner.contract import PROVISIONS
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Delete, Put, Write
-from mesh_provisioner.rules.view import PROVISIONS, Overlay, View
+from mesh_provisioner.rules.view import Overlay, View
 
 PROVISION_VERSION = 1
 

@@ -17,7 +17,7 @@ from faults.bus import Bus
 from faults.report import LONG_COMMAND, render
 from faults.twin import Twin
 from mesh_provisioner.actors import node as node_actor
-from mesh_provisioner.rules.view import PLACEMENT
+from mesh_provisioner.contract import PLACEMENT
 
 ROOT = Path(__file__).parents[2]
 
