@@ -44,11 +44,12 @@ from mesh_provisioner.contract import (
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Put, Write
 from mesh_provisioner.rules.keys import is_token
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.node import compose_node, rejudge
 from mesh_provisioner.rules.reads import touched
 from mesh_provisioner.rules.retire import decide
 from mesh_provisioner.rules.settle import apply, settle
-from mesh_provisioner.rules.view import MemoryView, group_of, kind_of
+from mesh_provisioner.rules.view import group_of, kind_of
 from mesh_provisioner.samples import sample_mesh
 
 # Every state the seat reads: section 2's, each BoundReads provider's entries, the router's records, and what the

@@ -34,8 +34,8 @@ from mesh_provisioner.config import Config
 from mesh_provisioner.contract import PROVISIONS, ROUTER_STREAM, VERB_SUBJECT
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Put
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.settle import Settled, settle
-from mesh_provisioner.rules.view import MemoryView
 from mesh_provisioner.runtime import Runtime
 from mesh_provisioner.samples import BadMesh, mesh_of, sample_text
 from mesh_provisioner.seat import Seat

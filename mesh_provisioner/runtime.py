@@ -57,11 +57,12 @@ from mesh_provisioner.messages.protocol import (
 )
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.metrics import Metrics
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.order import providers_first
 from mesh_provisioner.rules.reads import Reads, known_nodes
 from mesh_provisioner.rules.retire import retire_needs
 from mesh_provisioner.rules.signature import make_verify
-from mesh_provisioner.rules.view import Entry, MemoryView, not_nodes
+from mesh_provisioner.rules.view import Entry, not_nodes
 from mesh_provisioner.supervisor import Supervisor
 
 log = logging.getLogger("mesh_provisioner.runtime")

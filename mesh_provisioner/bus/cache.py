@@ -51,7 +51,8 @@ from mesh_provisioner.contract import (
     bound,
     bucket,
 )
-from mesh_provisioner.rules.view import Entry, MemoryView, entry_of
+from mesh_provisioner.rules.memory_view import MemoryView
+from mesh_provisioner.rules.view import Entry, entry_of
 
 log = logging.getLogger("mesh_provisioner.bus.cache")
 

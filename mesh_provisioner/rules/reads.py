@@ -8,7 +8,7 @@ set holds a token it touched; the section 6 table is the least this covers, and 
 read sets. As Salsa or Skyframe do, the edges are recorded at read time, so none can be forgotten by hand.
 
 `touched` may name more than changed (a token for a value whose answer ends the same), never less: a token it
-missed would be a missing wake-up. The indices it mirrors are `MemoryView`'s (rules/view.py).
+missed would be a missing wake-up. The indices it mirrors are `MemoryView`'s (rules/memory_view.py).
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ def touched(view: View, state: str, key: str, old: Entry | None, new: Entry | No
 
 
 def _provision(key: str, was: r.Provision | None, now: r.Provision | None) -> set[Token]:
-    """A provision's indices: its provider, what it depends on, the ask it names (rules/view.py)."""
+    """A provision's indices: its provider, what it depends on, the ask it names (rules/memory_view.py)."""
     out: set[Token] = set()
     if _provider(was) != _provider(now):
         for p in (was, now):

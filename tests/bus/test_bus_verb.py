@@ -26,7 +26,7 @@ from mesh_provisioner.contract import (
     VERB_SUBJECT,
     bucket,
 )
-from mesh_provisioner.rules.view import MemoryView
+from mesh_provisioner.rules.memory_view import MemoryView
 
 STATES = (PLANS, PROVISIONS, REFUSED, REGISTRY, NEEDS, APPLIED, COLLECT)
 

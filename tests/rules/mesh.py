@@ -35,10 +35,11 @@ from mesh_provisioner.contract import (
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Delete, Put, Write
 from mesh_provisioner.rules import keys as k
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.node import compose_node, rejudge
 from mesh_provisioner.rules.reads import NODE_STATES, Reads, Token, known_nodes, touched
 from mesh_provisioner.rules.retire import decide, retiring_keys
-from mesh_provisioner.rules.view import Entry, MemoryView, group_of
+from mesh_provisioner.rules.view import Entry, group_of
 
 NOW = datetime(2026, 12, 3, 5, 0, tzinfo=UTC)
 

@@ -12,9 +12,9 @@ from mesh import NOW, Mesh, ask_id, keeper, req, sample_mesh, settle
 from mesh_provisioner.contract import NEEDS, PLANS, PROVISIONS, REFUSED
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Delete, Put
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.node import compose_node
 from mesh_provisioner.rules.retire import retire_needs
-from mesh_provisioner.rules.view import MemoryView
 from mesh_provisioner.rules.writing import same
 
 LATER = NOW + timedelta(hours=1)

@@ -17,8 +17,9 @@ from mesh_provisioner.contract import APPLIED, ASK_RECORDS, PLACEMENT, PROVISION
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules import keys as k
 from mesh_provisioner.rules import verb
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.retire import decide
-from mesh_provisioner.rules.view import MemoryView, entry_of
+from mesh_provisioner.rules.view import entry_of
 
 DEPTH = 20_000
 

@@ -11,7 +11,7 @@ import pytest
 from mesh_provisioner.contract import MANIFESTS, PROVISIONS, WANTS, bucket
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules import keys as k
-from mesh_provisioner.rules.view import MemoryView
+from mesh_provisioner.rules.memory_view import MemoryView
 
 # ---- section 1: tokens and keys ---------------------------------------------------------------------------------
 

@@ -15,9 +15,9 @@ from mesh_provisioner.contract import ASK_RECORDS, MODULE, PROVISIONS
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Put
 from mesh_provisioner.rules import keys as k
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.retire import decide, retiring_ask
 from mesh_provisioner.rules.signature import make_verify, signed_bytes, warrant_signature_why
-from mesh_provisioner.rules.view import MemoryView
 
 NOW = datetime(2026, 12, 3, 5, 0, tzinfo=UTC)
 LATER = NOW + timedelta(hours=2)

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from mesh_provisioner.contract import PLACEMENT, PROVISIONS, VAULT_MODULE
 from mesh_provisioner.messages import records as r
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.reads import touched
-from mesh_provisioner.rules.view import MemoryView
 
 NODES = ("ace", "bee", "cat")
 MODULES = ("gitea", "postgres", "redis")

@@ -43,8 +43,8 @@ from mesh_provisioner.contract import (
 )
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules.judge import keeps_entries
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.settle import settle
-from mesh_provisioner.rules.view import MemoryView
 
 Inputs = dict[tuple[str, str], bytes]
 

@@ -27,7 +27,7 @@ from mesh_provisioner.bus.embedded import EmbeddedServer
 from mesh_provisioner.cli import reconcile
 from mesh_provisioner.config import Config
 from mesh_provisioner.contract import bucket
-from mesh_provisioner.rules.view import MemoryView
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.runtime import Runtime
 from tests.support.differential import compare, expected, inputs_of, off_fixed_point
 from tests.support.meshgen import BOUND_READS, Generated, Op, generate
