@@ -24,7 +24,7 @@ from faults import check
 from faults.bus import Bus, seat_config, until
 from mesh_provisioner.bus.cache import watched_states
 from mesh_provisioner.bus.embedded import EmbeddedServer
-from mesh_provisioner.cli import reconcile
+from mesh_provisioner.cli.commands import reconcile
 from mesh_provisioner.config import Config
 from mesh_provisioner.contract import bucket
 from mesh_provisioner.rules.memory_view import MemoryView
