@@ -14,9 +14,9 @@ from typing import Any
 
 import msgspec
 
-from faults.bus import Bus, raw
 from mesh_provisioner.contract import ASK_RECORDS, BUILDS, HAVE, MANIFESTS, MODULES, PLACEMENT, RESOLVED, WANTS, bound
 from mesh_provisioner.samples import sample_mesh
+from meshcheck.bus import Bus, raw
 
 NODES = ("ace", "bee", "cat")
 FPS = {

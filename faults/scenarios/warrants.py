@@ -20,13 +20,13 @@ from typing import Any
 
 import msgspec
 
-from faults import check
-from faults.bus import Signer, record, until
 from faults.mesh import final_changes, random_changes
 from faults.twin import Params, Run, Twin, finish
 from mesh_provisioner.contract import ASK_RECORDS, PLACEMENT, WANTS
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules.retire import act, act_digest
+from meshcheck import check
+from meshcheck.bus import Signer, record, until
 
 NAME = "warrants"
 FAULTS = "forged or replayed answers to retiring asks"

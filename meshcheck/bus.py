@@ -1,10 +1,10 @@
 """Another module's connection to a bus, the seat's states read back from the server, and the router's stand-in.
 
-A fault run plays the other modules of the mesh: it writes their states through a connection of its own (`Bus`), as
-the controller, the assigner or a provider would, creates the router's stream of asks (`asks`, de-duplicating by
-`Nats-Msg-Id` for a day, as the router keeps it) and its records, and reads the seat's states back from the server,
-never from the seat's memory. Every call waits for the server's acknowledgement, retrying while the server is away
-(a restart, a pause, a cluster electing a leader) up to a deadline.
+A fault run or a test plays the other modules of the mesh: it writes their states through a connection of its own
+(`Bus`), as the controller, the assigner or a provider would, creates the router's stream of asks (`asks`,
+de-duplicating by `Nats-Msg-Id` for a day, as the router keeps it) and its records, and reads the seat's states back
+from the server, never from the seat's memory. Every call waits for the server's acknowledgement, retrying while the
+server is away (a restart, a pause, a cluster electing a leader) up to a deadline.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from mesh_provisioner.rules.retire import act, act_digest
 from mesh_provisioner.rules.signature import signed_bytes
 from mesh_provisioner.samples import sample_mesh
 
-log = logging.getLogger("faults.bus")
+log = logging.getLogger("meshcheck.bus")
 
 # JetStream's answers that mean "not now" (no leader yet, a peer catching up): asked again until the deadline.
 _TRANSIENT_CODES = (None, 503, 500)
@@ -99,9 +99,9 @@ class Bus:
     def __init__(self, url: str, *, timeout: float = 30.0) -> None:
         self.url = url
         self.timeout = timeout
-        self.loop = EventLoopThread("faults-bus-writer")
+        self.loop = EventLoopThread("meshcheck-bus-writer")
         self.nc: Client = self.loop.run(
-            nats.connect(url.split(","), reconnect_time_wait=0.1, max_reconnect_attempts=-1, name="faults-writer",
+            nats.connect(url.split(","), reconnect_time_wait=0.1, max_reconnect_attempts=-1, name="meshcheck-writer",
                          error_cb=_quiet, disconnected_cb=_nothing, reconnected_cb=_nothing),
             15,
         )
@@ -352,7 +352,7 @@ def load_sample(url: str, *, extra: dict[str, dict[str, bytes]] | None = None, r
     states = sample_mesh()
     for state, values in (extra or {}).items():
         states.setdefault(state, {}).update(values)
-    with EventLoopThread("faults-loader") as loop:
+    with EventLoopThread("meshcheck-loader") as loop:
         loop.run(load_states(url, states, replicas=replicas), 60)
 
 
