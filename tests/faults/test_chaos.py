@@ -2,7 +2,7 @@
 ends where an undisturbed seat given the same changes ends (design.md, properties 1, 3 and 4).
 
 These are the fault runner's `kills` and `restarts` scenarios (faults/scenarios), run larger than their bounded
-versions in tests/faults: two servers get the same sample mesh and, change by change, the same seeded stream of
+versions in test_scenarios.py: two servers get the same sample mesh and, change by change, the same seeded stream of
 random changes (the router deciding the asks it holds now and then); one seat serves each, the disturbed one killed
 at random (through the chaos API, `sup.kill`, and by `ActorRef.stop()` from outside) or its server restarted
 mid-stream, the other left alone. Once both are settled (meshcheck.check):
