@@ -31,6 +31,8 @@ from mesh_provisioner.contract import (
     PLACEMENT,
     PLANS,
     RESOLVED,
+    ROUTER_STREAM,
+    ROUTER_SUBJECTS,
     VAULT_MODULE,
     WANTS,
     bound,
@@ -271,7 +273,8 @@ async def load(url: str, mesh: Mesh, *, window: int = 4096) -> int:
         js = nc.jetstream(timeout=30)
         for state in read_states():
             await js.create_key_value(bucket=bucket(state), history=1)
-        await js.add_stream(StreamConfig(name="asks", subjects=["asks.ask.>"], duplicate_window=24 * 3600.0))
+        await js.add_stream(StreamConfig(name=ROUTER_STREAM, subjects=list(ROUTER_SUBJECTS),
+                                         duplicate_window=24 * 3600.0))
         items = [(f"$KV.{bucket(s)}.{k}", v) for s, kv in mesh.states.items() for k, v in kv.items()]
         for i in range(0, len(items), window):
             await asyncio.gather(*(js.publish(subject, value) for subject, value in items[i : i + window]))

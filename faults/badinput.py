@@ -36,6 +36,7 @@ from mesh_provisioner.contract import (
     MANIFESTS,
     MODULES,
     PLACEMENT,
+    PLANS,
     PROVISIONS,
     RESOLVED,
     WANTS,
@@ -104,7 +105,7 @@ MANIFEST = _record({
     "provides": _or_junk(st.lists(_offer, max_size=4)),
     "state": _or_junk(st.lists(st.one_of(st.sampled_from(["bound", "repos", ""]), _record({"name": _name()}), json_any),
                                max_size=3)),
-    "reads": _or_junk(st.lists(_or_junk(st.sampled_from(["mesh-provisioner.plans", "x.y", ""])), max_size=3)),
+    "reads": _or_junk(st.lists(_or_junk(st.sampled_from([PLANS, "x.y", ""])), max_size=3)),
 })
 _warrant = _record({
     "asker": _or_junk(st.sampled_from(["mesh-provisioner", "other", ""])), "ask": _name(),

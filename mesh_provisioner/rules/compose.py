@@ -226,5 +226,5 @@ def resolved_node(view: View, node: str, module: str, provision: str) -> tuple[s
         return "", ""
     resolved = e.get(r.Resolved)
     if resolved is None:
-        return "", f"mesh-config.resolved {node}.{module} cannot be read, so no provider is chosen: {e.error}"
+        return "", f"{RESOLVED} {node}.{module} cannot be read, so no provider is chosen: {e.error}"
     return resolved.providers.get(provision, ""), ""
