@@ -44,7 +44,7 @@ from benchmarks.floor import bus_floor, cache_load, ceiling, rules_alone
 from benchmarks.mesh import generate, load
 from mesh_provisioner.bus.embedded import EmbeddedServer, server_binary
 from mesh_provisioner.config import Config
-from mesh_provisioner.rules.view import bucket
+from mesh_provisioner.contract import bucket
 
 SEED = 20261203
 ROOT = Path(__file__).resolve().parent.parent

@@ -26,9 +26,10 @@ import nats
 from mesh_provisioner.bus.cache import Cache
 from mesh_provisioner.bus.connection import ensure_buckets
 from mesh_provisioner.bus.store import Store
+from mesh_provisioner.contract import PROVISIONS
 from mesh_provisioner.messages.writes import Put
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.settle import apply, settle
-from mesh_provisioner.rules.view import PROVISIONS, MemoryView
 
 
 async def _floor(url: str, writes: int, batch: int, parallel: int, value: bytes) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import Any, Final
 import nats
 from nats.js.api import StreamConfig
 
-from mesh_provisioner.rules.view import (
+from mesh_provisioner.contract import (
     ASK_RECORDS,
     BUILDS,
     DEFAULT_BOUND_READS,
@@ -29,21 +29,23 @@ from mesh_provisioner.rules.view import (
     MANIFESTS,
     MODULES,
     PLACEMENT,
+    PLANS,
     RESOLVED,
+    ROUTER_STREAM,
+    ROUTER_SUBJECTS,
+    VAULT_MODULE,
     WANTS,
     bound,
     bucket,
 )
 
-VAULT: Final = "mesh-vault"
-PLANS_READ: Final = "mesh-provisioner.plans"
 MODULES_PER_NODE: Final = 20
 APP_KINDS: Final = 60
 
 # The providers: module, what it provides, whether it keeps its outcomes in `bound` entries, what it requires,
 # and on which share of the nodes it is placed (1.0: every node; 0: one node).
 PROVIDERS: Final[tuple[tuple[str, tuple[Any, ...], bool, tuple[dict[str, str], ...], float], ...]] = (
-    (VAULT, ("secret",), True, (), 0.0),
+    (VAULT_MODULE, ("secret",), True, (), 0.0),
     ("node-tools", ("node-agent",), True, (), 1.0),
     ("postgres", ("postgres-database",), True, (), 0.2),
     ("keycloak", ("oidc-client",), True,
@@ -136,7 +138,7 @@ def generate(
             manifest["requires"] = list(requires)
         if keeps:
             manifest["state"] = ["bound"]
-            manifest["reads"] = [PLANS_READ]
+            manifest["reads"] = [PLANS]
         _register(mesh, module, manifest)
     mesh.bound_providers = frozenset(bound_modules)
 
@@ -168,7 +170,7 @@ def generate(
         if share >= 1.0:
             chosen = list(names)
         elif share <= 0.0:
-            chosen = [names[0]] if module == VAULT else [names[min(len(names) - 1, 1)]]
+            chosen = [names[0]] if module == VAULT_MODULE else [names[min(len(names) - 1, 1)]]
         else:
             chosen = sorted(rnd.sample(names, max(1, round(share * len(names)))))
         where[module] = chosen
@@ -198,7 +200,7 @@ def generate(
             mesh.put(HAVE, f"{n}.{m}", {"fp": "1", "phase": "running", "health": "ok"})
 
     # The keys each placed app's needs make, their providers, and what those providers said.
-    vault_node = where[VAULT][0]
+    vault_node = where[VAULT_MODULE][0]
     entries: list[tuple[str, str]] = []  # (provider module, key) whose provider keeps entries
 
     def keep(key: str, module: str, pnode: str) -> None:
@@ -228,9 +230,9 @@ def generate(
             keep(key, pmodule, pnode)
             form = r.get("credential", "")
             if form == "own":
-                keep(".".join(x for x in (n, m, provision + "-credential", local) if x), VAULT, vault_node)
+                keep(".".join(x for x in (n, m, provision + "-credential", local) if x), VAULT_MODULE, vault_node)
             elif form == "shared":
-                keep(f"{pnode}.{pmodule}.{provision}-credential", VAULT, vault_node)
+                keep(f"{pnode}.{pmodule}.{provision}-credential", VAULT_MODULE, vault_node)
         if resolved:
             mesh.put(RESOLVED, f"{n}.{m}", {"providers": resolved})
     for module, key in entries:
@@ -271,7 +273,8 @@ async def load(url: str, mesh: Mesh, *, window: int = 4096) -> int:
         js = nc.jetstream(timeout=30)
         for state in read_states():
             await js.create_key_value(bucket=bucket(state), history=1)
-        await js.add_stream(StreamConfig(name="asks", subjects=["asks.ask.>"], duplicate_window=24 * 3600.0))
+        await js.add_stream(StreamConfig(name=ROUTER_STREAM, subjects=list(ROUTER_SUBJECTS),
+                                         duplicate_window=24 * 3600.0))
         items = [(f"$KV.{bucket(s)}.{k}", v) for s, kv in mesh.states.items() for k, v in kv.items()]
         for i in range(0, len(items), window):
             await asyncio.gather(*(js.publish(subject, value) for subject, value in items[i : i + window]))

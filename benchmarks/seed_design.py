@@ -32,11 +32,7 @@ from nats.js.kv import KV_DEL, KV_OP, KeyValue
 
 from mesh_provisioner.bus.connection import ensure_buckets, open_bucket
 from mesh_provisioner.bus.loop import EventLoopThread
-from mesh_provisioner.messages import records as r
-from mesh_provisioner.messages.writes import Delete, Put, Write
-from mesh_provisioner.rules import keys as k
-from mesh_provisioner.rules.node import compose_node, rejudge
-from mesh_provisioner.rules.view import (
+from mesh_provisioner.contract import (
     BUILDS,
     DEFAULT_BOUND_READS,
     HAVE,
@@ -48,11 +44,12 @@ from mesh_provisioner.rules.view import (
     REFUSED,
     RESOLVED,
     WANTS,
-    Entry,
-    entry_of,
-    group_of,
-    plan_provisions_of,
 )
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.messages.writes import Delete, Put, Write
+from mesh_provisioner.rules import keys as k
+from mesh_provisioner.rules.node import compose_node, rejudge
+from mesh_provisioner.rules.view import Entry, entry_of, group_of, kept_elsewhere, plan_provisions_of
 
 TIMEOUT = 30.0
 
@@ -137,17 +134,9 @@ class RemoteView:
         """Every provision read, and those depending on the key."""
         return {other for other, p in self._values(PROVISIONS, r.Provision) if key in p.depends_on}
 
-    def depended_on(self, node: str) -> set[str]:
-        """As the seeds' `dependedOn`: every other node's provision read, and what of this node it depends on."""
-        out = set()
-        for key in self.keys(PROVISIONS):
-            if k.node_of(key) == node:
-                continue
-            e = self.get(PROVISIONS, key)
-            p = e.get(r.Provision) if e is not None else None
-            if p is not None:
-                out |= {d for d in p.depends_on if k.node_of(d) == node}
-        return out
+    def judged_on(self, node: str) -> list[str]:
+        """The node's provisions listed, but the shared credentials other nodes depend on (each read to tell)."""
+        return [key for key in self.keys(PROVISIONS, node) if not kept_elsewhere(self, key)]
 
     def needing(self, provision: str) -> set[str]:
         """Every plan read, and the nodes of those naming the provision."""

@@ -30,7 +30,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from benchmarks.mesh import Mesh
 from mesh_provisioner.bus.cache import Cache
-from mesh_provisioner.rules.view import HAVE, PROVISIONS, WANTS, bound, bucket
+from mesh_provisioner.contract import HAVE, PROVISIONS, WANTS, bound, bucket
 
 
 class _Ref(msgspec.Struct):

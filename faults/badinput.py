@@ -26,14 +26,7 @@ from hypothesis import seed as seeded
 from hypothesis import strategies as st
 
 from faults.mesh import extra_states
-from mesh_provisioner.messages import records as r
-from mesh_provisioner.messages.writes import Put, Write
-from mesh_provisioner.rules.keys import is_token
-from mesh_provisioner.rules.node import compose_node, rejudge
-from mesh_provisioner.rules.reads import touched
-from mesh_provisioner.rules.retire import decide
-from mesh_provisioner.rules.settle import apply, settle
-from mesh_provisioner.rules.view import (
+from mesh_provisioner.contract import (
     APPLIED,
     ASK_RECORDS,
     BUILDS,
@@ -43,14 +36,21 @@ from mesh_provisioner.rules.view import (
     MANIFESTS,
     MODULES,
     PLACEMENT,
+    PLANS,
     PROVISIONS,
     RESOLVED,
     WANTS,
-    MemoryView,
     bound,
-    group_of,
-    kind_of,
 )
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.messages.writes import Put, Write
+from mesh_provisioner.rules.keys import is_token
+from mesh_provisioner.rules.memory_view import MemoryView
+from mesh_provisioner.rules.node import compose_node, rejudge
+from mesh_provisioner.rules.reads import touched
+from mesh_provisioner.rules.retire import decide
+from mesh_provisioner.rules.settle import apply, settle
+from mesh_provisioner.rules.view import group_of, kind_of
 from mesh_provisioner.samples import sample_mesh
 
 # Every state the seat reads: section 2's, each BoundReads provider's entries, the router's records, and what the
@@ -105,7 +105,7 @@ MANIFEST = _record({
     "provides": _or_junk(st.lists(_offer, max_size=4)),
     "state": _or_junk(st.lists(st.one_of(st.sampled_from(["bound", "repos", ""]), _record({"name": _name()}), json_any),
                                max_size=3)),
-    "reads": _or_junk(st.lists(_or_junk(st.sampled_from(["mesh-provisioner.plans", "x.y", ""])), max_size=3)),
+    "reads": _or_junk(st.lists(_or_junk(st.sampled_from([PLANS, "x.y", ""])), max_size=3)),
 })
 _warrant = _record({
     "asker": _or_junk(st.sampled_from(["mesh-provisioner", "other", ""])), "ask": _name(),

@@ -14,19 +14,20 @@ from typing import Any
 
 import msgspec
 
-from faults.bus import Bus, raw
-from mesh_provisioner.rules.view import (
+from mesh_provisioner.contract import (
     ASK_RECORDS,
     BUILDS,
     HAVE,
     MANIFESTS,
     MODULES,
     PLACEMENT,
+    PLANS,
     RESOLVED,
     WANTS,
     bound,
 )
 from mesh_provisioner.samples import sample_mesh
+from meshcheck.bus import Bus, raw
 
 NODES = ("ace", "bee", "cat")
 FPS = {
@@ -55,7 +56,7 @@ EXTRA: dict[str, dict[str, Any]] = {
             ],
             "provides": [{"name": "forge-account", "answered-by": "helper"}, "npm-package-registry"],
             "state": ["bound"],
-            "reads": ["mesh-provisioner.plans"],
+            "reads": [PLANS],
         },
         "m-webapp2": {
             "name": "webapp",

@@ -15,8 +15,8 @@ import nats.errors
 import nats.js.errors
 from nats.js.api import StreamConfig
 
-from faults.bus import until
 from mesh_provisioner.bus.embedded import EmbeddedServer, free_port
+from meshcheck.bus import until
 
 
 def server(root: Path, *, max_payload: int = 0) -> EmbeddedServer:

@@ -2,7 +2,7 @@
 
 Two buses get the same sample mesh and, change by change, the same changes (written to both by another module's
 connection). A seat serves each: the disturbed one suffers the scenario's faults, the reference is left alone. The
-run ends with `finish`: both settled, then every check of `faults.check`.
+run ends with `finish`: both settled, then every check of `meshcheck.check`.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from faults import check
-from faults.bus import Bus, seat_config
 from faults.mesh import Change, prepare, write
 from faults.servers import server
 from mesh_provisioner.bus.embedded import EmbeddedServer
 from mesh_provisioner.config import Config
 from mesh_provisioner.runtime import Runtime
+from meshcheck import check
+from meshcheck.bus import Bus, seat_config
 
 log = logging.getLogger("faults")
 
@@ -197,7 +197,7 @@ def finish(
     config: Config | None = None,
 ) -> None:
     """The end of every scenario: the disturbed seat settled (timed from the last fault or change), the reference
-    settled, then every check of `faults.check`; each problem goes into `run.lost`."""
+    settled, then every check of `meshcheck.check`; each problem goes into `run.lost`."""
     since = max(run.last_fault, run.last_change) or time.monotonic()
     try:
         done = settled(SETTLE_SECONDS)

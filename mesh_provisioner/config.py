@@ -8,16 +8,13 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from mesh_provisioner.contract import DEFAULT_BOUND_READS, LEASE_SECONDS, MIN_LEASE_SECONDS
 from mesh_provisioner.rules.keys import is_token
 from mesh_provisioner.rules.signature import BadRouterKey, parse_key
-from mesh_provisioner.rules.view import DEFAULT_BOUND_READS
 
 # The bus calls one piece of an actor's work makes one after another, at most: a batch of writes opens its bucket,
 # gathers its acknowledgements, and makes a create again on a delete marker (the marker read, the write made).
 CALLS_PER_WORK: Final = 4
-# The shortest lease time a seat takes (contract section 8): the holder renews every quarter of it and stops writing a
-# fifth of it early, so below this a renewal's round trip on a busy bus would lose the lease it renews.
-MIN_LEASE_SECONDS: Final = 2.0
 # JetStream keeps a bucket on at most five servers.
 MAX_REPLICAS: Final = 5
 # The URL schemes a NATS client speaks; a URL with none is nats://.
@@ -38,7 +35,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     only add threads contending for the one interpreter lock, and working sets alive at once (a thousand nodes
     composing together held 40% more memory at their peak, and a change waited seconds, not tenths, to be written:
     docs/BENCHMARKS.md)."""
-    lease_seconds: float = 15.0
+    lease_seconds: float = LEASE_SECONDS
     """The seat's lease time: the max age of `mesh-provisioner_seat` (contract section 8)."""
     replicas: int = 1
     """How many servers of a JetStream cluster keep each bucket the seat creates (its own states, section 4)."""

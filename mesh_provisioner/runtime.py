@@ -43,6 +43,7 @@ from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.registry import RegistryWriter
 from mesh_provisioner.bus.store import Applied, Store
 from mesh_provisioner.config import Config
+from mesh_provisioner.contract import REGISTRY
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import (
     ChildExited,
@@ -55,16 +56,12 @@ from mesh_provisioner.messages.protocol import (
 )
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.metrics import Metrics
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.order import providers_first
 from mesh_provisioner.rules.reads import Reads, known_nodes
 from mesh_provisioner.rules.retire import retire_needs
 from mesh_provisioner.rules.signature import make_verify
-from mesh_provisioner.rules.view import (
-    REGISTRY,
-    Entry,
-    MemoryView,
-    not_nodes,
-)
+from mesh_provisioner.rules.view import Entry, not_nodes
 from mesh_provisioner.supervisor import Supervisor
 
 log = logging.getLogger("mesh_provisioner.runtime")

@@ -11,9 +11,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Final
 
+from mesh_provisioner.contract import OWN, PLACEMENT, PLANS, PROVISIONS, REFUSED
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules import verb
-from mesh_provisioner.rules.view import OWN, PLACEMENT, PLANS, PROVISIONS, REFUSED, View, not_nodes
+from mesh_provisioner.rules.view import View, not_nodes
 
 # What `show` shows, by its word on the command line, and the seat's state each reads (contract section 4).
 SHOWN: Final = {"plans": PLANS, "provisions": PROVISIONS, "refused": REFUSED}

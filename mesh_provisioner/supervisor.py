@@ -13,30 +13,19 @@ import contextlib
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 import pykka
 
 from mesh_provisioner.actors.base import InFlight
-from mesh_provisioner.backoff import backoff
+from mesh_provisioner.actors.supervisor_mailbox import SupervisorMailbox
 from mesh_provisioner.config import Config
 from mesh_provisioner.messages.protocol import ChildExited, Crash, Message, Restart
+from mesh_provisioner.restarts import ChildSpec
 
 log = logging.getLogger("mesh_provisioner.supervisor")
-
-
-@dataclass
-class ChildSpec:
-    """How to start one child, and its restarts so far."""
-
-    name: str
-    start: Callable[[], pykka.ActorRef[Any]]
-    restarts: deque[float] = field(default_factory=deque)
-    total_restarts: int = 0
 
 
 class Supervisor:
@@ -59,7 +48,7 @@ class Supervisor:
         self._waiting: set[str] = set()  # children dead and waiting for their restart
         self._killed: set[str] = set()  # urns of instances killed through the chaos API
         self.stopping = False
-        self.ref = _SupervisorActor.start(self)
+        self.ref = SupervisorMailbox.start(in_flight, self._on_exit, self._restart)
 
     # ---- children -------------------------------------------------------------------------------------------
 
@@ -148,18 +137,13 @@ class Supervisor:
             self.in_flight.forget(message.urn)
             self._killed.discard(message.urn)
             self._waiting.add(message.name)
-            now = time.monotonic()
-            while spec.restarts and spec.restarts[0] < now - self.config.restart_period:
-                spec.restarts.popleft()
-            spec.restarts.append(now)
-            spec.total_restarts += 1
-            if len(spec.restarts) > self.config.restart_intensity:
+            delay = spec.restarted(time.monotonic(), self.config)
+            if delay is None:
                 why = (f"{message.name} stopped {len(spec.restarts)} times within {self.config.restart_period:g} s "
                        f"(last: {message.why}); the supervisor stops")
                 log.error("%s", why)
                 threading.Thread(target=self.stop, args=(10.0, why), daemon=True).start()
                 return
-            delay = backoff(len(spec.restarts), self.config.backoff_first, self.config.backoff_max)
         self._on_exited(message.name)
         self._on_restart(message.name.split(":", 1)[0])
         log.info("%s %s; restarting it in %.2f s", message.name, "crashed" if message.failed else "stopped", delay)
@@ -207,22 +191,3 @@ class Supervisor:
             self.failed.set_result(why)
         return True
 
-
-class _SupervisorActor(pykka.ThreadingActor):
-    """The supervisor's own mailbox: child exits and restarts, in order, and nothing else."""
-
-    def __init__(self, sup: Supervisor) -> None:
-        super().__init__()
-        self.sup = sup
-
-    def on_receive(self, message: Any) -> Any:
-        """Handle one exit or restart; each was counted in flight by whoever told it."""
-        try:
-            if isinstance(message, ChildExited):
-                self.sup._on_exit(message)
-            elif isinstance(message, Restart):
-                self.sup._restart(message.name)
-        finally:
-            if isinstance(message, ChildExited):
-                self.sup.in_flight.done(self.actor_urn)
-        return None

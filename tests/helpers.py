@@ -12,9 +12,9 @@ from urllib.parse import urlparse
 import nats
 import nats.js.errors
 
-from faults.bus import until
 from mesh_provisioner.bus.embedded import EmbeddedServer, free_port
-from mesh_provisioner.rules.view import bucket
+from mesh_provisioner.contract import bucket
+from meshcheck.bus import until
 
 T = TypeVar("T")
 __all__ = ["NatsServer", "free_port", "raw_publish", "seed_buckets", "seed_buckets_async", "wait_until"]

@@ -3,9 +3,9 @@ and the fixed-point check (contract section 6: a quiet seat composing everything
 
 A test plays the other modules of the mesh: it writes their states through a connection of its own (`Bus`), as
 the controller, the assigner or a provider would, and reads the seat's states back from the server, never from
-the seat's memory. The connection, the readers and the checks are the fault runner's (`faults.bus`,
-`faults.check`): one implementation for the tests and the runner; this module adds the tests' assertions and
-fixtures.
+the seat's memory. The connection, the readers and the checks are `meshcheck`'s (`meshcheck.bus`,
+`meshcheck.check`), which the fault runner uses too: one implementation for both; this module adds the tests'
+assertions and fixtures.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ from typing import Any
 import pytest
 from helpers import NatsServer
 
-from faults import bus as faults_bus
-from faults import check
-from faults.bus import (
-    ASKS_STREAM,
-    DECIDED,
-    SEAT_STATES,
+from mesh_provisioner.config import Config
+from mesh_provisioner.runtime import Runtime
+from meshcheck import bus as meshcheck_bus
+from meshcheck import check
+from meshcheck.bus import (
     Bus,
     comparable,
     diff,
@@ -31,19 +30,17 @@ from faults.bus import (
     raw,
     seat_state,
 )
-from mesh_provisioner.config import Config
-from mesh_provisioner.runtime import Runtime
 
 __all__ = [
-    "ASKS_STREAM", "DECIDED", "SEAT_STATES", "Bus", "Seats", "assert_fixed_point", "bus", "comparable", "diff",
-    "load_sample", "mesh", "plans", "provisions", "raw", "seat_config", "seat_state", "seats", "settle", "sup",
+    "Bus", "Seats", "assert_fixed_point", "bus", "comparable", "diff", "load_sample", "mesh", "plans", "provisions",
+    "raw", "seat_config", "seat_state", "seats", "settle", "sup",
 ]
 
 
 def seat_config(url: str, **overrides: Any) -> Config:
     """A seat's config for a test server: quick restarts, short timeouts (5 s a bus call, the store's own timeout
     too; an actor waits `Config.work_timeout` for the store, longer)."""
-    return faults_bus.seat_config(url, **{"request_timeout": 5.0, **overrides})
+    return meshcheck_bus.seat_config(url, **{"request_timeout": 5.0, **overrides})
 
 
 def settle(sup: Runtime, timeout: float = 30.0) -> None:

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from mesh_provisioner.rules.view import PLANS, PROVISIONS, REFUSED, MemoryView
+from mesh_provisioner.contract import PLANS, PROVISIONS, REFUSED
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.show import graph_dot, render
 
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 import random
 import time
 
-from faults import check
 from faults.badinput import READ_STATES, draw_inputs, pure_run
-from faults.bus import raw
 from faults.mesh import ROUTER, Change, extra_states, final_changes, random_changes
 from faults.twin import Params, Run, Twin, finish
 from mesh_provisioner.samples import sample_mesh
+from meshcheck import check
+from meshcheck.bus import raw
 
 NAME = "bad-input"
 FAULTS = "bad values in every read bucket (hypothesis-generated)"

@@ -12,12 +12,12 @@ from __future__ import annotations
 import random
 import time
 
-from faults import check
 from faults.mesh import final_changes, random_changes
 from faults.servers import Cluster
 from faults.spies import CasSpy, spied_compositions, spied_runtimes
 from faults.twin import Params, Run, Twin, finish
-from mesh_provisioner.rules.view import PLANS, PROVISIONS, REFUSED, SEAT
+from mesh_provisioner.contract import PLANS, PROVISIONS, REFUSED, SEAT
+from meshcheck import check
 
 NAME = "cluster"
 FAULTS = "servers of a three-server cluster killed (SIGKILL) and brought back"

@@ -13,12 +13,12 @@ import random
 import threading
 import time
 
-from faults import check
-from faults.bus import until
 from faults.mesh import final_changes, random_changes
 from faults.spies import CasSpy, spied_compositions, spied_runtimes
 from faults.twin import Params, Run, Twin, finish
 from mesh_provisioner.runtime import Runtime
+from meshcheck import check
+from meshcheck.bus import until
 
 NAME = "kills"
 FAULTS = "actor kills (crash or stop), at random"

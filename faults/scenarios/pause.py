@@ -15,13 +15,13 @@ import random
 import threading
 import time
 
-from faults import check
-from faults.bus import until
 from faults.mesh import final_changes, random_changes
 from faults.spies import CasSpy
 from faults.twin import Params, Run, Twin, finish
 from mesh_provisioner.runtime import Runtime
 from mesh_provisioner.seat import Seat
+from meshcheck import check
+from meshcheck.bus import until
 
 NAME = "pause"
 FAULTS = "server pauses (SIGSTOP for 1.5 lease times, then SIGCONT) under a lease-holding seat"

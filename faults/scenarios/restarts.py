@@ -11,11 +11,11 @@ from __future__ import annotations
 import random
 import time
 
-from faults import check
-from faults.bus import until
 from faults.mesh import final_changes, random_changes
 from faults.spies import CasSpy, spied_compositions, spied_runtimes
 from faults.twin import Params, Run, Twin, finish
+from meshcheck import check
+from meshcheck.bus import until
 
 NAME = "restarts"
 FAULTS = "nats-server restarts (SIGKILL and SIGTERM alternately)"

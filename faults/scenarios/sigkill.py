@@ -20,13 +20,12 @@ import threading
 import time
 from pathlib import Path
 
-from faults import check
-from faults.bus import Bus, until
 from faults.mesh import final_changes, random_changes
 from faults.twin import Params, Run, Twin, finish
-from mesh_provisioner.bus.lease import HOLDER_KEY
+from mesh_provisioner.contract import HOLDER_KEY, SEAT
 from mesh_provisioner.messages import records as r
-from mesh_provisioner.rules.view import SEAT
+from meshcheck import check
+from meshcheck.bus import Bus, until
 
 NAME = "sigkill"
 FAULTS = "seat processes killed (SIGKILL) while a standby waits"

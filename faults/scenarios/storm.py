@@ -14,12 +14,12 @@ import random
 import time
 from typing import Any
 
-from faults import check
-from faults.bus import Bus, raw
 from faults.mesh import NODES, REFERENCED
 from faults.spies import CasSpy, spied_compositions, spied_runtimes
 from faults.twin import Params, Run, Twin, finish
-from mesh_provisioner.rules.view import bound, bucket
+from mesh_provisioner.contract import bound, bucket
+from meshcheck import check
+from meshcheck.bus import Bus, raw
 
 NAME = "storm"
 FAULTS = "storm of a provider's bound entries, thousands a second"

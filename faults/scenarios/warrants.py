@@ -20,13 +20,13 @@ from typing import Any
 
 import msgspec
 
-from faults import check
-from faults.bus import Signer, record, until
 from faults.mesh import final_changes, random_changes
 from faults.twin import Params, Run, Twin, finish
+from mesh_provisioner.contract import ASK_RECORDS, DECIDED_SUBJECT, PLACEMENT, PROVISIONS, WANTS
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules.retire import act, act_digest
-from mesh_provisioner.rules.view import ASK_RECORDS, PLACEMENT, WANTS
+from meshcheck import check
+from meshcheck.bus import Signer, record, until
 
 NAME = "warrants"
 FAULTS = "forged or replayed answers to retiring asks"
@@ -73,7 +73,7 @@ def forgeries(router: Signer, forger: Signer) -> dict[str, Forge]:
 def waiting(bus: Any) -> dict[str, str]:
     """Every retiring key of a bus whose ask waits for an answer, and its ask id."""
     out = {}
-    for key, value in bus.entries("mesh-provisioner.provisions").items():
+    for key, value in bus.entries(PROVISIONS).items():
         p = r.decode(r.Provision, value)
         if p.state == r.RETIRING and p.ask and p.warrant is None:
             out[key] = p.ask
@@ -117,7 +117,7 @@ def run(p: Params) -> Run:
                 kind = rng.choice(sorted(kinds))
                 other = order[(i + 1) % len(order)]
                 twin.disturbed.put(ASK_RECORDS, keys[key], kinds[kind](key, keys[key], other, keys[other]))
-                twin.disturbed.publish("asks.decided.mesh-provisioner", b"{}")
+                twin.disturbed.publish(DECIDED_SUBJECT, b"{}")
                 refused[kind] += 1
                 forged += 1
                 out.fault()

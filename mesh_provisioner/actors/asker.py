@@ -13,11 +13,12 @@ from typing import Any
 
 from mesh_provisioner.actors.base import InFlight, SeatActor, Workplace
 from mesh_provisioner.actors.dispatch import LOOK, Judgment
+from mesh_provisioner.contract import ASK_RECORDS
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import Decided
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.rules.retire import decide, outgoing, retiring_keys
-from mesh_provisioner.rules.view import ASK_RECORDS, View
+from mesh_provisioner.rules.view import View
 from mesh_provisioner.rules.writing import provision_of
 
 log = logging.getLogger("mesh_provisioner.actors.asker")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from mesh_provisioner.actors.base import InFlight, SeatActor, Workplace
 from mesh_provisioner.actors.dispatch import JUDGE, Judgment
-from mesh_provisioner.rules.view import bound
+from mesh_provisioner.contract import bound
 
 
 class BoundActor(SeatActor):

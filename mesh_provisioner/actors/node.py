@@ -15,11 +15,11 @@ from typing import Any
 from mesh_provisioner.actors.base import InFlight, SeatActor, Workplace
 from mesh_provisioner.actors.dispatch import COMPOSE, JUDGE, Judgment
 from mesh_provisioner.actors.turns import Turns
+from mesh_provisioner.contract import PROVISIONS
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import ComposeNode
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.rules.node import compose_node
-from mesh_provisioner.rules.view import PROVISIONS
 
 log = logging.getLogger("mesh_provisioner.actors.node")
 

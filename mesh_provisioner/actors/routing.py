@@ -14,21 +14,11 @@ from functools import partial
 from typing import Final
 
 from mesh_provisioner.actors.dispatch import COMPOSE, JUDGE, LOOK, Dispatcher, Judgment
+from mesh_provisioner.contract import ASK_RECORDS, BUILDS, MANIFESTS, MODULES, PLACEMENT, PROVISIONS
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules.keys import is_token
 from mesh_provisioner.rules.reads import NODE_STATES, touched
-from mesh_provisioner.rules.view import (
-    ASK_RECORDS,
-    BUILDS,
-    MANIFESTS,
-    MODULES,
-    PLACEMENT,
-    PROVISIONS,
-    Entry,
-    View,
-    group_of,
-    not_a_node,
-)
+from mesh_provisioner.rules.view import Entry, View, group_of, not_a_node
 
 log = logging.getLogger("mesh_provisioner.actors.routing")
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Final
 
 import nats.js.errors
 from nats.aio.client import Client
@@ -18,12 +17,10 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import api
 
-from mesh_provisioner.messages.records import MODULE, Ask, encode
+from mesh_provisioner.contract import ASK_SUBJECT, DECIDED_SUBJECT
+from mesh_provisioner.messages.records import Ask, encode
 
 log = logging.getLogger("mesh_provisioner.bus.asks")
-
-ASK_SUBJECT: Final = f"asks.ask.{MODULE}"
-DECIDED_SUBJECT: Final = f"asks.decided.{MODULE}"
 
 
 class NoRouter(RuntimeError):

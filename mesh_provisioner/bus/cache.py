@@ -35,7 +35,7 @@ from mesh_provisioner.bus.connection import open_bucket, stream_of, subject_of
 from mesh_provisioner.bus.link import link
 from mesh_provisioner.bus.memory import Listener, Memory
 from mesh_provisioner.bus.watch import INACTIVE_THRESHOLD, SLICE, content, drop_watch, first_values
-from mesh_provisioner.rules.view import (
+from mesh_provisioner.contract import (
     APPLIED,
     ASK_RECORDS,
     COLLECT,
@@ -44,10 +44,10 @@ from mesh_provisioner.rules.view import (
     OWN,
     READS,
     REGISTRY,
-    MemoryView,
     bound,
     bucket,
 )
+from mesh_provisioner.rules.memory_view import MemoryView
 
 log = logging.getLogger("mesh_provisioner.bus.cache")
 

@@ -29,14 +29,9 @@ from nats.js.kv import KeyValue
 
 from mesh_provisioner.bus.link import SeatClient
 from mesh_provisioner.config import Config
-from mesh_provisioner.rules.view import NEEDS, PLANS, PROVISIONS, REFUSED, REGISTRY, SEAT, bucket
+from mesh_provisioner.contract import LEASE_SECONDS, SEAT, SEAT_STATES, bucket
 
 log = logging.getLogger("mesh_provisioner.bus.connection")
-
-# The seat's own states, whose buckets the seat creates (contract section 4).
-SEAT_STATES: Final = (PLANS, PROVISIONS, REFUSED, NEEDS, REGISTRY, SEAT)
-# The lease time of the seat, the max age of its lease bucket (contract section 8).
-LEASE_SECONDS: Final = 15.0
 
 _STREAM_NAME_IN_USE: Final = 10058  # JSStreamNameExistErr: someone created the bucket first
 

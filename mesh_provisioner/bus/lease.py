@@ -21,12 +21,11 @@ import nats.js.errors
 from nats.aio.client import Client
 
 from mesh_provisioner.bus.connection import open_bucket, stream_of
+from mesh_provisioner.contract import HOLDER_KEY, LEASE_SECONDS, SEAT, bucket
 from mesh_provisioner.messages import records as r
-from mesh_provisioner.rules.view import SEAT, bucket
 
 log = logging.getLogger("mesh_provisioner.bus.lease")
 
-HOLDER_KEY: Final = "holder"
 # A holder counts its lease as lapsed this share of the lease time before the bus would let it age out, so that
 # no write of a holder that lost the lease can land after a standby took it over.
 SAFETY: Final = 0.2
@@ -35,7 +34,7 @@ SAFETY: Final = 0.2
 class SeatLease:
     """This process's claim to the seat: taken by create, kept by compare-and-set, given back on a clean exit."""
 
-    def __init__(self, nc: Client, seconds: float = 15.0, *, holder: str = "") -> None:
+    def __init__(self, nc: Client, seconds: float = LEASE_SECONDS, *, holder: str = "") -> None:
         self.nc = nc
         self.seconds = seconds
         self.holder = holder or uuid.uuid4().hex

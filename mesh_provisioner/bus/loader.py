@@ -8,10 +8,8 @@ from nats.aio.client import Client
 from nats.js.api import StreamConfig
 
 from mesh_provisioner.bus.connection import connect
-from mesh_provisioner.rules.view import bucket
+from mesh_provisioner.contract import ROUTER_STREAM, ROUTER_SUBJECTS, bucket
 
-ROUTER_STREAM = "asks"
-ROUTER_SUBJECTS = ["asks.ask.>"]
 _STREAM_NAME_IN_USE = 10058  # JSStreamNameExistErr
 
 
@@ -43,7 +41,7 @@ async def add_router_stream(nc: Client, duplicate_window: float = 24 * 3600.0, *
 
     Its duplicate window is what de-duplicates an ask published again under the same `Nats-Msg-Id`.
     """
-    config = StreamConfig(name=ROUTER_STREAM, subjects=ROUTER_SUBJECTS, duplicate_window=duplicate_window,
+    config = StreamConfig(name=ROUTER_STREAM, subjects=list(ROUTER_SUBJECTS), duplicate_window=duplicate_window,
                           num_replicas=replicas)
     js = nc.jetstream()
     try:

@@ -16,7 +16,8 @@ import logging
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 
-from mesh_provisioner.rules.view import Entry, MemoryView, entry_of
+from mesh_provisioner.rules.memory_view import MemoryView
+from mesh_provisioner.rules.view import Entry, entry_of
 
 log = logging.getLogger("mesh_provisioner.bus.cache")
 

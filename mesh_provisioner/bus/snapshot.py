@@ -9,7 +9,8 @@ from nats.aio.client import Client
 
 from mesh_provisioner.bus.cache import Cache
 from mesh_provisioner.bus.connection import connect
-from mesh_provisioner.rules.view import DEFAULT_BOUND_READS, MemoryView
+from mesh_provisioner.contract import DEFAULT_BOUND_READS
+from mesh_provisioner.rules.memory_view import MemoryView
 
 
 async def snapshot(

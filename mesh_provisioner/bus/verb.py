@@ -18,15 +18,12 @@ from nats.micro import add_service
 from nats.micro.request import Request
 from nats.micro.service import Endpoint, EndpointConfig, Service, ServiceConfig
 
-from mesh_provisioner.messages.records import MODULE
+from mesh_provisioner.contract import VERB_ENDPOINT, VERB_SERVICE, VERB_SUBJECT
 from mesh_provisioner.rules import verb
 from mesh_provisioner.rules.view import View
 
 log = logging.getLogger("mesh_provisioner.bus.verb")
 
-SERVICE_NAME: Final = MODULE
-ENDPOINT_NAME: Final = "provisioning"
-SUBJECT: Final = f"{MODULE}.{ENDPOINT_NAME}"  # contract 9
 DESCRIPTION: Final = (
     "Reads what mesh-provisioner keeps (contract 9): plans, provisions, refused, the registry, the retired needs, or "
     "what each machine's provisioner client wrote (applied, collect), narrowed by node, module and collection. Read "
@@ -80,15 +77,15 @@ async def serve_verb(nc: Client, view: View | Callable[[], View], *, service_ver
 
     service = await add_service(
         nc,
-        ServiceConfig(name=SERVICE_NAME, version=service_version or version(), description=DESCRIPTION,
+        ServiceConfig(name=VERB_SERVICE, version=service_version or version(), description=DESCRIPTION,
                       metadata={"contract": "9"}),
     )
     await service.add_endpoint(
-        EndpointConfig(name=ENDPOINT_NAME, subject=SUBJECT, handler=handle,
+        EndpointConfig(name=VERB_ENDPOINT, subject=VERB_SUBJECT, handler=handle,
                        metadata={"what": "|".join(verb.STATES), "default": verb.DEFAULT_WHAT})
     )
-    endpoints.extend(e for e in service._endpoints if e._name == ENDPOINT_NAME)
+    endpoints.extend(e for e in service._endpoints if e._name == VERB_ENDPOINT)
     # nats-py subscribes an endpoint without flushing: the verb answers from the moment this returns.
     await nc.flush()
-    log.info("serving the verb on %s as service %s %s", SUBJECT, SERVICE_NAME, service.id)
+    log.info("serving the verb on %s as service %s %s", VERB_SUBJECT, VERB_SERVICE, service.id)
     return service

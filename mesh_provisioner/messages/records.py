@@ -15,10 +15,6 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
-MODULE: Final = "mesh-provisioner"
-VAULT_MODULE: Final = "mesh-vault"
-PLANS_READ: Final = "mesh-provisioner.plans"
-
 # The states of a provision (section 4).
 ASKED: Final = "asked"
 PROVIDED: Final = "provided"

@@ -12,9 +12,10 @@ from typing import TypeVar
 
 import msgspec
 
+from mesh_provisioner.contract import BUILDS, MODULES, PLACEMENT, RESOLVED
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules import keys as k
-from mesh_provisioner.rules.view import BUILDS, MODULES, PLACEMENT, RESOLVED, View, manifest
+from mesh_provisioner.rules.view import View, manifest
 
 CREDENTIAL_FORMS = ("", "own", "shared")
 
@@ -225,5 +226,5 @@ def resolved_node(view: View, node: str, module: str, provision: str) -> tuple[s
         return "", ""
     resolved = e.get(r.Resolved)
     if resolved is None:
-        return "", f"mesh-config.resolved {node}.{module} cannot be read, so no provider is chosen: {e.error}"
+        return "", f"{RESOLVED} {node}.{module} cannot be read, so no provider is chosen: {e.error}"
     return resolved.providers.get(provision, ""), ""

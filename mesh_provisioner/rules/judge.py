@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import msgspec
 
+from mesh_provisioner.contract import HAVE, PLANS, PROVISIONS, WANTS, bound
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules import keys as k
-from mesh_provisioner.rules.view import HAVE, PROVISIONS, WANTS, View, bound, trunk_manifest
+from mesh_provisioner.rules.view import View, trunk_manifest
 from mesh_provisioner.rules.writing import said
 
 HELPER = "helper"
@@ -40,10 +41,10 @@ def keeps_entries(view: View, module: str, provision: str) -> tuple[bool, str]:
 def unread(view: View, module: str) -> str:
     """Why a provider's helper never answers: its manifest reads no plans of the seat; "" when it does or cannot say."""
     manifest, why = trunk_manifest(view, module)
-    if why or r.PLANS_READ in manifest.reads:
+    if why or PLANS in manifest.reads:
         return ""
     return (
-        f"{module} reads no plans of the seat (its manifest's reads do not name {r.PLANS_READ}), "
+        f"{module} reads no plans of the seat (its manifest's reads do not name {PLANS}), "
         "so its helper never answers this key"
     )
 

@@ -13,13 +13,14 @@ from datetime import datetime
 
 import msgspec
 
+from mesh_provisioner.contract import HAVE, PLANS, PROVISIONS, REFUSED, VAULT_MODULE, WANTS
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.rules import keys as k
 from mesh_provisioner.rules.compose import CannotCompose, Memo, compose
 from mesh_provisioner.rules.judge import outcome
 from mesh_provisioner.rules.retire import raise_ask, retired, retiring_why
-from mesh_provisioner.rules.view import HAVE, PLANS, PROVISIONS, REFUSED, WANTS, Entry, View, not_a_node
+from mesh_provisioner.rules.view import Entry, View, not_a_node
 from mesh_provisioner.rules.writing import Writes, provision_of, same, utc
 
 
@@ -83,7 +84,7 @@ def _entries_by_module(
 
 def vault_node(view: View) -> str:
     """The node mesh-vault is placed on, the first in sorted order: the provider of every credential."""
-    nodes = view.placed_on(r.VAULT_MODULE)
+    nodes = view.placed_on(VAULT_MODULE)
     return nodes[0] if nodes else ""
 
 
@@ -179,7 +180,7 @@ def compose_node(view: View, node: str, now: datetime) -> Result:
                 cnode, cmodule, cprovision, clocal = k.parse_provision_key(cred)
                 credential = r.Provision(
                     provision=cprovision, local=clocal, consumer=r.End(module=cmodule, node=cnode),
-                    provider=r.End(module=r.VAULT_MODULE, node=vault),
+                    provider=r.End(module=VAULT_MODULE, node=vault),
                 )
                 if cnode == node:
                     needed.setdefault(cred, credential)

@@ -8,7 +8,7 @@ set holds a token it touched; the section 6 table is the least this covers, and 
 read sets. As Salsa or Skyframe do, the edges are recorded at read time, so none can be forgotten by hand.
 
 `touched` may name more than changed (a token for a value whose answer ends the same), never less: a token it
-missed would be a missing wake-up. The indices it mirrors are `MemoryView`'s (rules/view.py).
+missed would be a missing wake-up. The indices it mirrors are `MemoryView`'s (rules/memory_view.py).
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Final, TypeVar
 
-from mesh_provisioner.messages import records as r
-from mesh_provisioner.rules import keys as k
-from mesh_provisioner.rules.view import (
+from mesh_provisioner.contract import (
     BUILDS,
     HAVE,
     MANIFESTS,
@@ -28,13 +26,12 @@ from mesh_provisioner.rules.view import (
     PROVISIONS,
     REFUSED,
     RESOLVED,
+    VAULT_MODULE,
     WANTS,
-    Entry,
-    View,
-    group_of,
-    manifest,
-    plan_provisions_of,
 )
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.rules import keys as k
+from mesh_provisioner.rules.view import Entry, View, group_of, manifest, plan_provisions_of
 
 Token = tuple[str, ...]
 """One thing a judgment read: `("get", state, key)`, `("keys", state, node or "*")`, or an index and its value."""
@@ -209,7 +206,7 @@ def touched(view: View, state: str, key: str, old: Entry | None, new: Entry | No
 
 
 def _provision(key: str, was: r.Provision | None, now: r.Provision | None) -> set[Token]:
-    """A provision's indices: its provider, what it depends on, the ask it names (rules/view.py)."""
+    """A provision's indices: its provider, what it depends on, the ask it names (rules/memory_view.py)."""
     out: set[Token] = set()
     if _provider(was) != _provider(now):
         for p in (was, now):
@@ -250,7 +247,7 @@ def _judged(view: View, key: str, old: Entry | None, new: Entry | None) -> set[T
 
 def _is_vault(e: Entry | None) -> bool:
     p = _value(e, r.Provision)
-    return p is not None and p.provider.module == r.VAULT_MODULE
+    return p is not None and p.provider.module == VAULT_MODULE
 
 
 def _judged_there(e: Entry | None, others: bool) -> bool:

@@ -22,10 +22,11 @@ from typing import Any, Final
 
 import msgspec
 
+from mesh_provisioner.contract import REGISTRY
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.rules import keys as k
-from mesh_provisioner.rules.view import REGISTRY, View
+from mesh_provisioner.rules.view import View
 from mesh_provisioner.rules.writing import Writes
 
 DEFAULT_KIND: Final = "default"

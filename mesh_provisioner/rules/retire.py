@@ -15,22 +15,20 @@ from typing import Any, Final
 
 import msgspec
 
+from mesh_provisioner.contract import ASK_RECORDS, MODULE, NEEDS, RETIRE_VERB, bound
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.rules import keys as k
 from mesh_provisioner.rules.judge import keeps_entries
-from mesh_provisioner.rules.view import ASK_RECORDS, NEEDS, View, bound
+from mesh_provisioner.rules.view import View
 from mesh_provisioner.rules.writing import Writes, provision_of, utc
 
 # The approving option is "yes": a provider lets its entry go only on it (the seeds, review of 2026-10-30).
 OPTION_APPROVE: Final = "yes"
 OPTION_DECLINE: Final = "no"
 ASK_LASTS: Final = timedelta(hours=23, minutes=50)
-RETIRE_VERB: Final = "mesh-provisioner.retire"
 OPERATOR: Final = "operator"
 APPROVE_LEVEL: Final = "approve"
-ASK_SUBJECT: Final = "asks.ask." + r.MODULE
-DECIDED_SUBJECT: Final = "asks.decided." + r.MODULE
 
 _OPTIONS: Final = (
     (OPTION_APPROVE, "Remove", "the provider removes the credential; the resource and its data stay"),
@@ -267,8 +265,8 @@ def _refusal(
     w, ask = rec.warrant, rec.ask
     if w is None or ask is None:
         return f"the router's record of {ask_id} is {rec.state} but holds no ask and warrant"
-    if w.asker != r.MODULE:
-        return f"the warrant is {w.asker or 'nobody'}'s, not {r.MODULE}'s"
+    if w.asker != MODULE:
+        return f"the warrant is {w.asker or 'nobody'}'s, not {MODULE}'s"
     if w.ask != ask_id:
         return f"the warrant answers the ask {w.ask or 'none'}, not {ask_id}"
     if ask.id != ask_id:

@@ -10,11 +10,12 @@ from datetime import datetime
 
 import msgspec
 
+from mesh_provisioner.contract import PROVISIONS
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Put, Write
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.node import compose_node, rejudge
 from mesh_provisioner.rules.reads import known_nodes
-from mesh_provisioner.rules.view import PROVISIONS, MemoryView
 
 
 class Settled(msgspec.Struct):

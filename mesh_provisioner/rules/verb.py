@@ -19,8 +19,9 @@ from typing import Final
 
 import msgspec
 
+from mesh_provisioner.contract import APPLIED, COLLECT, NEEDS, PLANS, PROVISIONS, REFUSED, REGISTRY
 from mesh_provisioner.rules import keys as k
-from mesh_provisioner.rules.view import APPLIED, COLLECT, NEEDS, PLANS, PROVISIONS, REFUSED, REGISTRY, View
+from mesh_provisioner.rules.view import View
 
 # What a request may ask for, by the word of contract 9, and the state each reads.
 STATES: Final = {

@@ -12,9 +12,11 @@ from typing import Any
 
 import msgspec
 
+from mesh_provisioner.contract import PROVISIONS
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Delete, Put, Write
-from mesh_provisioner.rules.view import PROVISIONS, Overlay, View
+from mesh_provisioner.rules.overlay import Overlay
+from mesh_provisioner.rules.view import View
 
 PROVISION_VERSION = 1
 

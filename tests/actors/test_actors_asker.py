@@ -6,13 +6,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from helpers import wait_until
-from seatbus import DECIDED, Bus, Seats, assert_fixed_point, load_sample, provisions, raw, seat_config, settle
+from seatbus import Bus, Seats, assert_fixed_point, load_sample, provisions, raw, seat_config, settle
 
 from mesh_provisioner.bus.loader import load_states
 from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.contract import ASK_RECORDS, BUILDS, DECIDED_SUBJECT, MANIFESTS, MODULE, MODULES, PLACEMENT
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules.retire import ask_of
-from mesh_provisioner.rules.view import ASK_RECORDS, BUILDS, MANIFESTS, MODULES, PLACEMENT
 from mesh_provisioner.runtime import Runtime
 
 OLDAPP = "bee.oldapp.postgres-database"  # retiring in the sample mesh: nothing places oldapp any more
@@ -50,7 +50,7 @@ def _ended(key: str, p: r.Provision, outcome: str) -> bytes:
     """The router's record of a key's ask that ended with no choice."""
     ask = ask_of(key, p)
     assert ask is not None
-    w = r.Warrant(asker=r.MODULE, ask=p.ask, outcome=outcome, at=datetime.now(UTC).replace(microsecond=0))
+    w = r.Warrant(asker=MODULE, ask=p.ask, outcome=outcome, at=datetime.now(UTC).replace(microsecond=0))
     return r.encode(r.AskRecord(state=outcome, ask=ask, warrant=w))
 
 
@@ -61,7 +61,7 @@ def test_5_4_ask_ended_undecided_is_asked_again(sup: Runtime, mesh: Bus, outcome
     first = ask_of(OLDAPP, p)
     assert first is not None
     mesh.put(ASK_RECORDS, p.ask, _ended(OLDAPP, p, outcome))
-    mesh.publish(DECIDED, b"{}")
+    mesh.publish(DECIDED_SUBJECT, b"{}")
     wait_until(lambda: (q := mesh.provision(OLDAPP)) is not None and q.ask != p.ask, 10, what="a new ask in the key")
     wait_until(lambda: len(mesh.asks_published()) == 2, 10, interval=0.05, what="the new ask published")
     settle(sup)

@@ -17,10 +17,11 @@ from helpers import wait_until
 from seatbus import Bus, Seats, assert_fixed_point, seat_config, settle
 
 from mesh_provisioner.actors import node as node_actor
+from mesh_provisioner.contract import BUILDS, MANIFESTS, MODULES, PLACEMENT, PROVISIONS, WANTS
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import Resync, Wake
 from mesh_provisioner.rules.node import Result
-from mesh_provisioner.rules.view import BUILDS, MANIFESTS, MODULES, PLACEMENT, PROVISIONS, WANTS, View
+from mesh_provisioner.rules.view import View
 from mesh_provisioner.runtime import Runtime
 
 HOLD = 30.0  # the most a held composition waits for its release: a failing test ends, it does not hang

@@ -13,9 +13,9 @@ from seatbus import Bus, Seats, assert_fixed_point, load_sample, seat_config, se
 
 from mesh_provisioner.actors import base
 from mesh_provisioner.actors import node as node_actor
+from mesh_provisioner.contract import HAVE, PROVISIONS, WANTS
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import Wake
-from mesh_provisioner.rules.view import HAVE, PROVISIONS, WANTS
 from mesh_provisioner.runtime import Runtime
 
 

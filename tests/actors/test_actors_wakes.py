@@ -17,18 +17,8 @@ from typing import Any
 import msgspec
 from seatbus import Bus, assert_fixed_point, settle
 
+from mesh_provisioner.contract import BUILDS, HAVE, MANIFESTS, MODULES, PLACEMENT, PROVISIONS, RESOLVED, WANTS, bound
 from mesh_provisioner.messages import records as r
-from mesh_provisioner.rules.view import (
-    BUILDS,
-    HAVE,
-    MANIFESTS,
-    MODULES,
-    PLACEMENT,
-    PROVISIONS,
-    RESOLVED,
-    WANTS,
-    bound,
-)
 from mesh_provisioner.runtime import Runtime
 
 ACE = ["postgres", "gitea", "mesh-vault", "keycloak"]

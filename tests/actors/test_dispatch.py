@@ -7,8 +7,8 @@ it sends, and the rules' own recording view over a MemoryView.
 from __future__ import annotations
 
 from mesh_provisioner.actors.dispatch import COMPOSE, JUDGE, Dispatcher
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.reads import Reads, token
-from mesh_provisioner.rules.view import MemoryView
 
 ACE = (COMPOSE, "ace")
 KEY = (JUDGE, "ace.app.db")

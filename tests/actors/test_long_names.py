@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from seatbus import Bus, assert_fixed_point, settle
 
+from mesh_provisioner.contract import PLACEMENT, REFUSED
 from mesh_provisioner.rules.keys import MAX_TOKEN, is_token
-from mesh_provisioner.rules.view import PLACEMENT, REFUSED
 from mesh_provisioner.runtime import Runtime
 
 LONG = "a" * 100_000

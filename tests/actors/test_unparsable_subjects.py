@@ -16,7 +16,7 @@ from helpers import raw_publish
 from seatbus import Bus, assert_fixed_point, settle
 
 from mesh_provisioner.bus.link import link
-from mesh_provisioner.rules.view import PLACEMENT, WANTS, bucket
+from mesh_provisioner.contract import PLACEMENT, WANTS, bucket
 from mesh_provisioner.runtime import Runtime
 
 

@@ -10,9 +10,10 @@ import pytest
 from helpers import NatsServer, wait_until
 from nats.aio.client import Client
 
-from mesh_provisioner.bus.asks import ASK_SUBJECT, DECIDED_SUBJECT, Asks, NoRouter
+from mesh_provisioner.bus.asks import Asks, NoRouter
 from mesh_provisioner.bus.link import link
 from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.contract import ASK_SUBJECT, DECIDED_SUBJECT
 from mesh_provisioner.messages.records import Ask, Option, decode
 
 ASK = Ask(

@@ -16,18 +16,9 @@ from nats.aio.client import Client
 from mesh_provisioner.bus.cache import Cache, watched_states
 from mesh_provisioner.bus.connection import stream_of
 from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.contract import MANIFESTS, MODULES, PLACEMENT, PLANS, PROVISIONS, READS, bound, bucket
 from mesh_provisioner.messages import records as r
-from mesh_provisioner.rules.view import (
-    MANIFESTS,
-    MODULES,
-    PLACEMENT,
-    PLANS,
-    PROVISIONS,
-    READS,
-    Entry,
-    bound,
-    bucket,
-)
+from mesh_provisioner.rules.view import Entry
 
 Change = tuple[str, str, Entry | None, Entry | None, bool]
 

@@ -20,7 +20,7 @@ from nats.js.kv import KeyValue
 
 from mesh_provisioner.bus.cache import Cache
 from mesh_provisioner.bus.loop import EventLoopThread
-from mesh_provisioner.rules.view import bound, bucket
+from mesh_provisioner.contract import bound, bucket
 
 STATE = bound("mesh-vault")
 VALUE = b'{"state": "provided"}'

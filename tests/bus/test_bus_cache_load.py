@@ -25,7 +25,7 @@ from nats.js.kv import KeyValue
 
 from mesh_provisioner.bus.cache import Cache
 from mesh_provisioner.bus.loop import EventLoopThread
-from mesh_provisioner.rules.view import bound, bucket
+from mesh_provisioner.contract import bound, bucket
 
 STATE = bound("mesh-vault")
 KEYS = ("ace.gitea.pg-credential.main", "ace.postgres.pg-credential", "bee.mailer.pg-credential.mail")

@@ -8,10 +8,10 @@ from helpers import NatsServer, raw_publish, wait_until
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from mesh_provisioner.bus.connection import LEASE_SECONDS, SEAT_STATES, ensure_buckets
+from mesh_provisioner.bus.connection import ensure_buckets
 from mesh_provisioner.bus.link import link
 from mesh_provisioner.bus.loop import EventLoopThread
-from mesh_provisioner.rules.view import PLACEMENT, SEAT
+from mesh_provisioner.contract import LEASE_SECONDS, PLACEMENT, SEAT, SEAT_STATES
 
 
 def test_ensure_buckets_makes_the_seats_own_once(loop: EventLoopThread, nc: Client) -> None:

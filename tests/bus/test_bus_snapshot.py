@@ -10,8 +10,8 @@ from helpers import NatsServer, free_port, seed_buckets
 
 from mesh_provisioner.bus.connection import stream_of
 from mesh_provisioner.bus.snapshot import snapshot
+from mesh_provisioner.contract import OWN, PLANS, PROVISIONS, REFUSED, bucket
 from mesh_provisioner.messages import records as r
-from mesh_provisioner.rules.view import OWN, PLANS, PROVISIONS, REFUSED, bucket
 
 
 async def _put(url: str, state: str, key: str, raw: bytes) -> None:

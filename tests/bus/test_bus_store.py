@@ -7,11 +7,11 @@ from helpers import NatsServer, wait_until
 from nats.aio.client import Client
 
 from mesh_provisioner.bus.cache import Cache
-from mesh_provisioner.bus.connection import SEAT_STATES, ensure_buckets
+from mesh_provisioner.bus.connection import ensure_buckets
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.store import Applied, Store
+from mesh_provisioner.contract import PLANS, REFUSED, SEAT_STATES
 from mesh_provisioner.messages.writes import Delete, Put, Write
-from mesh_provisioner.rules.view import PLANS, REFUSED
 
 A, B = b'{"node": "ace", "module": "gitea", "why": "a"}', b'{"node": "ace", "module": "gitea", "why": "b"}'
 

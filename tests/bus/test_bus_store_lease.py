@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
-from mesh_provisioner.bus.connection import SEAT_STATES, ensure_buckets
+from mesh_provisioner.bus.connection import ensure_buckets
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.store import Store
+from mesh_provisioner.contract import PLANS, REFUSED, SEAT_STATES
 from mesh_provisioner.messages.writes import Delete, Put
-from mesh_provisioner.rules.view import PLANS, REFUSED
 
 
 def test_a_lease_lapsed_while_the_batch_was_made_stops_it(

@@ -13,8 +13,8 @@ from nats.micro.service import Service
 
 from mesh_provisioner.bus.cache import Cache
 from mesh_provisioner.bus.loop import EventLoopThread
-from mesh_provisioner.bus.verb import SERVICE_NAME, SUBJECT, serve_verb, version
-from mesh_provisioner.rules.view import (
+from mesh_provisioner.bus.verb import serve_verb, version
+from mesh_provisioner.contract import (
     APPLIED,
     COLLECT,
     NEEDS,
@@ -22,9 +22,11 @@ from mesh_provisioner.rules.view import (
     PROVISIONS,
     REFUSED,
     REGISTRY,
-    MemoryView,
+    VERB_SERVICE,
+    VERB_SUBJECT,
     bucket,
 )
+from mesh_provisioner.rules.memory_view import MemoryView
 
 STATES = (PLANS, PROVISIONS, REFUSED, REGISTRY, NEEDS, APPLIED, COLLECT)
 
@@ -74,7 +76,7 @@ class Served:
         return body, dict(msg.headers or {})
 
     def ask(self, request: Any) -> dict[str, Any]:
-        return self.raw(SUBJECT, json.dumps(request).encode())[0]
+        return self.raw(VERB_SUBJECT, json.dumps(request).encode())[0]
 
     def keys(self, request: Any) -> list[str]:
         reply = self.ask(request)
@@ -127,7 +129,7 @@ def test_filters(served: Served) -> None:
     ],
 )
 def test_errors_are_answered_with_why(served: Served, data: bytes, error: str) -> None:
-    body, headers = served.raw(SUBJECT, data)
+    body, headers = served.raw(VERB_SUBJECT, data)
     assert list(body) == ["error"]
     assert body["error"].startswith(error)
     assert headers["Nats-Service-Error-Code"] == "400"
@@ -139,17 +141,17 @@ def test_answers_follow_the_bus(served: Served, loop: EventLoopThread, other: Cl
 
 
 def test_discoverable_by_ping_and_info(served: Served) -> None:
-    ping, _ = served.raw(f"$SRV.PING.{SERVICE_NAME}", b"")
+    ping, _ = served.raw(f"$SRV.PING.{VERB_SERVICE}", b"")
     assert (ping["type"], ping["name"], ping["version"], ping["id"]) == (
         "io.nats.micro.v1.ping_response", "mesh-provisioner", version(), served.service.id)
     everyone, _ = served.raw("$SRV.PING", b"")
     assert everyone["name"] == "mesh-provisioner"
-    info, _ = served.raw(f"$SRV.INFO.{SERVICE_NAME}", b"")
+    info, _ = served.raw(f"$SRV.INFO.{VERB_SERVICE}", b"")
     assert info["type"] == "io.nats.micro.v1.info_response"
     assert [(e["name"], e["subject"]) for e in info["endpoints"]] == [("provisioning", "mesh-provisioner.provisioning")]
     assert "contract 9" in info["description"]
     served.ask({"what": "plans"})
-    stats, _ = served.raw(f"$SRV.STATS.{SERVICE_NAME}.{served.service.id}", b"")
+    stats, _ = served.raw(f"$SRV.STATS.{VERB_SERVICE}.{served.service.id}", b"")
     assert stats["endpoints"][0]["num_requests"] >= 1
 
 
@@ -157,14 +159,14 @@ def test_a_view_given_as_a_callable_is_read_at_each_request(loop: EventLoopThrea
     views = [MemoryView()]
     service = loop.run(serve_verb(nc, lambda: views[-1], service_version="1.2.3"), 10)
     try:
-        msg = loop.run(other.request(SUBJECT, b'{"what": "plans"}', timeout=5), 10)
+        msg = loop.run(other.request(VERB_SUBJECT, b'{"what": "plans"}', timeout=5), 10)
         assert json.loads(msg.data) == {"entries": []}
         fresh = MemoryView()
         fresh.put(PLANS, "ace.gitea", json.dumps(VALUES[PLANS]["ace.gitea"]).encode(), 1)
         views.append(fresh)
-        msg = loop.run(other.request(SUBJECT, b'{"what": "plans"}', timeout=5), 10)
+        msg = loop.run(other.request(VERB_SUBJECT, b'{"what": "plans"}', timeout=5), 10)
         assert [e["key"] for e in json.loads(msg.data)["entries"]] == ["ace.gitea"]
-        ping = loop.run(other.request(f"$SRV.PING.{SERVICE_NAME}", b"", timeout=5), 10)
+        ping = loop.run(other.request(f"$SRV.PING.{VERB_SERVICE}", b"", timeout=5), 10)
         assert json.loads(ping.data)["version"] == "1.2.3"
     finally:
         loop.run(service.stop(), 10)

@@ -10,10 +10,10 @@ from mesh_provisioner.bus.cache import Cache, watched_states
 from mesh_provisioner.bus.connection import connect
 from mesh_provisioner.bus.loader import load_states
 from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.contract import PROVISIONS
 from mesh_provisioner.rules.node import compose_node, rejudge
 from mesh_provisioner.rules.reads import known_nodes
 from mesh_provisioner.rules.retire import decide
-from mesh_provisioner.rules.view import PROVISIONS
 from mesh_provisioner.samples import sample_mesh
 
 NOW = datetime(2026, 12, 3, 5, 0, tzinfo=UTC)

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from faults import check
-from faults.bus import Bus
 from faults.report import LONG_COMMAND, render
 from faults.twin import Twin
 from mesh_provisioner.actors import node as node_actor
-from mesh_provisioner.rules.view import PLACEMENT
+from mesh_provisioner.contract import PLACEMENT
+from meshcheck import check
+from meshcheck.bus import Bus
 
 ROOT = Path(__file__).parents[2]
 

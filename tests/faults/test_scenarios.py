@@ -1,5 +1,5 @@
 """A bounded run of every scenario of the fault runner, as CI affords it: each must lose nothing and let no exception
-escape (faults.check). The long version, whose figures are docs/RELIABILITY.md, is `python -m faults` (see there)."""
+escape (meshcheck.check). The long version, whose figures are docs/RELIABILITY.md, is `python -m faults` (see there)."""
 
 from __future__ import annotations
 

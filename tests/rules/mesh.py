@@ -18,13 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from mesh_provisioner.messages import records as r
-from mesh_provisioner.messages.writes import Delete, Put, Write
-from mesh_provisioner.rules import keys as k
-from mesh_provisioner.rules.node import compose_node, rejudge
-from mesh_provisioner.rules.reads import NODE_STATES, Reads, Token, known_nodes, touched
-from mesh_provisioner.rules.retire import decide, retiring_keys
-from mesh_provisioner.rules.view import (
+from mesh_provisioner.contract import (
     ASK_RECORDS,
     BUILDS,
     HAVE,
@@ -36,11 +30,16 @@ from mesh_provisioner.rules.view import (
     REFUSED,
     RESOLVED,
     WANTS,
-    Entry,
-    MemoryView,
     bound,
-    group_of,
 )
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.messages.writes import Delete, Put, Write
+from mesh_provisioner.rules import keys as k
+from mesh_provisioner.rules.memory_view import MemoryView
+from mesh_provisioner.rules.node import compose_node, rejudge
+from mesh_provisioner.rules.reads import NODE_STATES, Reads, Token, known_nodes, touched
+from mesh_provisioner.rules.retire import decide, retiring_keys
+from mesh_provisioner.rules.view import Entry, group_of
 
 NOW = datetime(2026, 12, 3, 5, 0, tzinfo=UTC)
 
@@ -475,9 +474,6 @@ def sample_mesh() -> Mesh:
     return m
 
 
-PLANS_READ = "mesh-provisioner.plans"
-
-
 def keeper(m: Mesh, name: str, *provides: Offer, fp: str = "1", reads_plans: bool = True) -> Woken:
     """A provider that keeps its outcomes in its entries (`bound`), reading the seat's plans."""
-    return m.module(name, fp, provides=provides, state=["bound"], reads=[PLANS_READ] if reads_plans else [])
+    return m.module(name, fp, provides=provides, state=["bound"], reads=[PLANS] if reads_plans else [])

@@ -5,13 +5,7 @@ from __future__ import annotations
 import pytest
 from mesh import NOW, Mesh, Woken, keeper, req, settle
 
-from mesh_provisioner.messages import records as r
-from mesh_provisioner.rules import keys as k
-from mesh_provisioner.rules.keys import ask_raised_at
-from mesh_provisioner.rules.node import compose_node, rejudge
-from mesh_provisioner.rules.reads import known_nodes
-from mesh_provisioner.rules.retire import ask_of, decide
-from mesh_provisioner.rules.view import (
+from mesh_provisioner.contract import (
     BUILDS,
     HAVE,
     MANIFESTS,
@@ -23,9 +17,14 @@ from mesh_provisioner.rules.view import (
     RESOLVED,
     WANTS,
     bound,
-    not_a_node,
-    not_nodes,
 )
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.rules import keys as k
+from mesh_provisioner.rules.keys import ask_raised_at
+from mesh_provisioner.rules.node import compose_node, rejudge
+from mesh_provisioner.rules.reads import known_nodes
+from mesh_provisioner.rules.retire import ask_of, decide
+from mesh_provisioner.rules.view import not_a_node, not_nodes
 
 KEY = "bee.app.postgres-database"
 JUNK = b'{"fp": [1, {"x": null}], "modules": "none"'

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from mesh import NOW, Mesh, helper, req
 
+from mesh_provisioner.contract import PLACEMENT, REFUSED
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules.compose import CannotCompose, compose
 from mesh_provisioner.rules.node import compose_node
-from mesh_provisioner.rules.view import PLACEMENT, REFUSED
 
 
 def pp(provision: str, provider: str, module: str, local: str = "", credential: str = "") -> r.PlanProvision:

@@ -7,13 +7,14 @@ import json
 from datetime import timedelta
 
 import msgspec
-from mesh import NOW, PLANS_READ, Mesh, ask_id, keeper, req, sample_mesh, settle
+from mesh import NOW, Mesh, ask_id, keeper, req, sample_mesh, settle
 
+from mesh_provisioner.contract import NEEDS, PLANS, PROVISIONS, REFUSED
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Delete, Put
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.node import compose_node
 from mesh_provisioner.rules.retire import retire_needs
-from mesh_provisioner.rules.view import NEEDS, PLANS, PROVISIONS, REFUSED, MemoryView
 from mesh_provisioner.rules.writing import same
 
 LATER = NOW + timedelta(hours=1)
@@ -312,7 +313,7 @@ def test_4_depends_on_credential_first_then_provider_plan() -> None:
     keeper(m, "redis", "cache")
     keeper(m, "mesh-vault", "secret")
     m.module("gitea", "1", requires=[req("postgres-database", "main", "own"), "cache"],
-             provides=[{"name": "forge-account", "answered-by": "helper"}], state=["bound"], reads=[PLANS_READ])
+             provides=[{"name": "forge-account", "answered-by": "helper"}], state=["bound"], reads=[PLANS])
     m.module("webapp", "1", requires=[req("forge-account", "", "shared")])
     m.module("hook", "1", requires=["forge-account"])
     m.place("ace", "postgres", "redis", "gitea", "mesh-vault", "hook")

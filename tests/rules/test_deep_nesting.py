@@ -13,11 +13,13 @@ from datetime import UTC, datetime
 import msgspec
 import pytest
 
+from mesh_provisioner.contract import APPLIED, ASK_RECORDS, PLACEMENT, PROVISIONS
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules import keys as k
 from mesh_provisioner.rules import verb
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.retire import decide
-from mesh_provisioner.rules.view import APPLIED, ASK_RECORDS, PLACEMENT, PROVISIONS, MemoryView, entry_of
+from mesh_provisioner.rules.view import entry_of
 
 DEPTH = 20_000
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from mesh import NOW, PLANS_READ, Mesh, helper, keeper, req, settle
+from mesh import NOW, Mesh, helper, keeper, req, settle
 
+from mesh_provisioner.contract import HAVE, PLANS, PROVISIONS, bound
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules.judge import have_outcome, keeps_entries_for, outcome
 from mesh_provisioner.rules.node import rejudge
-from mesh_provisioner.rules.view import HAVE, PROVISIONS, bound
 
 KEY = "bee.app.postgres-database"
 
@@ -136,7 +136,7 @@ def test_5_3_keeps_entries_per_helper_offer() -> None:
     m = Mesh()
     m.module("gitea", "1", provides=[helper("forge-account"), "npm-package-registry"],
              state=["bound", {"name": "repos"}],
-             reads=[PLANS_READ])
+             reads=[PLANS])
     m.module("app", "1", requires=["forge-account", "npm-package-registry"])
     m.place("ace", "gitea")
     m.place("bee", "app")

@@ -8,9 +8,10 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
+from mesh_provisioner.contract import MANIFESTS, PROVISIONS, WANTS, bucket
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules import keys as k
-from mesh_provisioner.rules.view import MANIFESTS, PROVISIONS, WANTS, MemoryView, bucket
+from mesh_provisioner.rules.memory_view import MemoryView
 
 # ---- section 1: tokens and keys ---------------------------------------------------------------------------------
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from mesh import Mesh, keeper, req
 
+from mesh_provisioner.contract import RESOLVED
 from mesh_provisioner.rules.order import providers_first
 from mesh_provisioner.rules.reads import known_nodes
-from mesh_provisioner.rules.view import RESOLVED
 
 
 def mesh() -> Mesh:

@@ -17,7 +17,6 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 from mesh import (
     NOW,
-    PLANS_READ,
     Mesh,
     Settled,
     Woken,
@@ -27,15 +26,12 @@ from mesh import (
     wake_settle,
 )
 
-from mesh_provisioner.messages import records as r
-from mesh_provisioner.rules.node import compose_node, rejudge
-from mesh_provisioner.rules.reads import touched
-from mesh_provisioner.rules.retire import ask_of, decide, retiring_ask
-from mesh_provisioner.rules.view import (
+from mesh_provisioner.contract import (
     ASK_RECORDS,
     BUILDS,
     HAVE,
     MANIFESTS,
+    MODULE,
     MODULES,
     PLACEMENT,
     PLANS,
@@ -46,6 +42,10 @@ from mesh_provisioner.rules.view import (
     WANTS,
     bound,
 )
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.rules.node import compose_node, rejudge
+from mesh_provisioner.rules.reads import touched
+from mesh_provisioner.rules.retire import ask_of, decide, retiring_ask
 
 NODES = ("ace", "bee", "cat", "dog", "eel", "fox")
 # Four kinds BoundReads names, four it does not; mesh-vault makes credentials.
@@ -81,7 +81,7 @@ def catalogue(draw: st.DrawFn) -> tuple[list[Put], dict[str, list[str]]]:
         keeps = draw(st.booleans())
         state: list[Any] = [draw(st.sampled_from(["bound", {"name": "bound"}]))] if keeps else []
         state += draw(st.lists(st.sampled_from(["repos", {"name": "data"}]), max_size=1))
-        reads = [PLANS_READ] if draw(st.integers(0, 4)) else []
+        reads = [PLANS] if draw(st.integers(0, 4)) else []
         offers = draw(st.lists(st.sampled_from(PROVIDES), max_size=2, unique=True))
         provides: list[Any] = []
         for offer in offers:
@@ -177,7 +177,7 @@ def answers(draw: st.DrawFn, key: str, p: r.Provision) -> bytes:
     option = "" if outcome != "chosen" else "no" if kind == "no" else "yes"
     if kind == "bad-binds":
         ask = retiring_ask("x.y.z", p, NOW, p.ask)
-    warrant = r.Warrant(asker="someone" if kind == "other-asker" else r.MODULE, ask=p.ask, outcome=outcome,
+    warrant = r.Warrant(asker="someone" if kind == "other-asker" else MODULE, ask=p.ask, outcome=outcome,
                         option=option, by=r.Identity("operator", "person", "alice"), at=NOW)
     return r.encode(r.AskRecord(state="decided" if outcome == "chosen" else outcome, ask=ask, warrant=warrant))
 
@@ -430,7 +430,7 @@ def changes(draw: st.DrawFn, m: Mesh) -> tuple[str, Change]:
         provides = draw(st.lists(st.sampled_from(PROVIDES), max_size=2, unique=True))
         states = draw(st.sampled_from([[], ["bound"]]))
         manifest = {"name": module, "requires": [{"provision": p} for p in requires], "provides": provides,
-                    "state": states, "reads": [PLANS_READ]}
+                    "state": states, "reads": [PLANS]}
         return f"manifest {module}-{fp} {manifest}", lambda m: m.put(MANIFESTS, f"{module}-{fp}", manifest)
     if kind == "build-junk":
         return f"build {module}.1 junk", lambda m: m.raw(BUILDS, f"{module}.1", b"junk")

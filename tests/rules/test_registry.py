@@ -6,9 +6,10 @@ import json
 
 import pytest
 
+from mesh_provisioner.contract import REGISTRY
 from mesh_provisioner.messages.writes import Delete, Put
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.registry import JSON, TOML, Registry, form_of, parse, registry_writes
-from mesh_provisioner.rules.view import REGISTRY, MemoryView
 
 TOML_FILE = """# which domain answers which kind of placeholder
 default = "example.org"

@@ -10,12 +10,11 @@ import msgspec
 import pytest
 from mesh import NOW, Mesh, ask_id, keeper, settle
 
+from mesh_provisioner.contract import ASK_RECORDS, ASK_SUBJECT, DECIDED_SUBJECT, PROVISIONS
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules import keys as k
 from mesh_provisioner.rules.node import compose_node, rejudge
 from mesh_provisioner.rules.retire import (
-    ASK_SUBJECT,
-    DECIDED_SUBJECT,
     Outgoing,
     act,
     act_digest,
@@ -27,7 +26,6 @@ from mesh_provisioner.rules.retire import (
     retiring_ask,
     retiring_keys,
 )
-from mesh_provisioner.rules.view import ASK_RECORDS, PROVISIONS
 
 KEY = "bee.app.postgres-database"
 UNIX = int(NOW.timestamp())

@@ -19,10 +19,11 @@ import random
 
 import pytest
 
+from mesh_provisioner.contract import PROVISIONS
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.node import compose_node, rejudge
 from mesh_provisioner.rules.reads import known_nodes
 from mesh_provisioner.rules.settle import apply, settle
-from mesh_provisioner.rules.view import PROVISIONS, MemoryView
 from tests.support.differential import compare, expected, inputs_of, off_fixed_point
 from tests.support.meshgen import BOUND_READS, NOW, generate
 

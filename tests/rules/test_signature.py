@@ -11,12 +11,13 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from mesh_provisioner.contract import ASK_RECORDS, MODULE, PROVISIONS
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Put
 from mesh_provisioner.rules import keys as k
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.retire import decide, retiring_ask
 from mesh_provisioner.rules.signature import make_verify, signed_bytes, warrant_signature_why
-from mesh_provisioner.rules.view import ASK_RECORDS, PROVISIONS, MemoryView
 
 NOW = datetime(2026, 12, 3, 5, 0, tzinfo=UTC)
 LATER = NOW + timedelta(hours=2)
@@ -36,7 +37,7 @@ KEY_B64 = public_b64(ROUTER)
 
 
 def unsigned(option: str = "yes") -> r.Warrant:
-    return r.Warrant(asker=r.MODULE, ask=ASK, outcome="chosen", option=option,
+    return r.Warrant(asker=MODULE, ask=ASK, outcome="chosen", option=option,
                      by=r.Identity(who="operator", kind="person", identity="alice"), at=LATER)
 
 

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from mesh_provisioner.contract import APPLIED, COLLECT, NEEDS, PLANS, PROVISIONS, REFUSED, REGISTRY
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.verb import answer
-from mesh_provisioner.rules.view import APPLIED, COLLECT, NEEDS, PLANS, PROVISIONS, REFUSED, REGISTRY, MemoryView
 
 PLAN_ACE_GITEA = {"node": "ace", "module": "gitea", "plan": {"provisions": [
     {"provision": "postgres-database", "local": "main", "provider": "ace", "provider-module": "postgres",

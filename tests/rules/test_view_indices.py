@@ -7,9 +7,10 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mesh_provisioner.contract import PLACEMENT, PROVISIONS, VAULT_MODULE
 from mesh_provisioner.messages import records as r
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.reads import touched
-from mesh_provisioner.rules.view import PLACEMENT, PROVISIONS, MemoryView
 
 NODES = ("ace", "bee", "cat")
 MODULES = ("gitea", "postgres", "redis")
@@ -117,7 +118,7 @@ def test_5_2_shared_credentials_other_nodes_depend_on_are_judged_by_them_and_tou
             p = view.get(PROVISIONS, key).get(r.Provision)  # type: ignore[union-attr]
             users = {u for u in view.keys(PROVISIONS) if u.split(".")[0] != node
                      and key in view.get(PROVISIONS, u).get(r.Provision).depends_on}  # type: ignore[union-attr]
-            if not (p.provider.module == r.VAULT_MODULE and users):
+            if not (p.provider.module == VAULT_MODULE and users):
                 out.append(key)
         return sorted(out)
 
@@ -130,7 +131,7 @@ def test_5_2_shared_credentials_other_nodes_depend_on_are_judged_by_them_and_tou
             vault, deps = value
             node, module, provision = key.split(".")
             raw = json.dumps({"provision": provision, "consumer": {"module": module, "node": node},
-                              "provider": {"module": r.VAULT_MODULE if vault else "postgres", "node": "ace"},
+                              "provider": {"module": VAULT_MODULE if vault else "postgres", "node": "ace"},
                               "depends-on": [d for d in deps if d != key], "state": "asked"}).encode()
             view.put(PROVISIONS, key, raw, revision)
         tokens = touched(view, PROVISIONS, key, old, view.get(PROVISIONS, key))

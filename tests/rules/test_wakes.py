@@ -12,11 +12,9 @@ from typing import Any
 
 import msgspec
 import pytest
-from mesh import PLANS_READ, Mesh, Woken, keeper, req, run, sample_mesh, settle, wake_settle
+from mesh import Mesh, Woken, keeper, req, run, sample_mesh, settle, wake_settle
 
-from mesh_provisioner.messages import records as r
-from mesh_provisioner.rules import keys as k
-from mesh_provisioner.rules.view import (
+from mesh_provisioner.contract import (
     ASK_RECORDS,
     BUILDS,
     MANIFESTS,
@@ -28,6 +26,8 @@ from mesh_provisioner.rules.view import (
     WANTS,
     bound,
 )
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.rules import keys as k
 
 
 def mesh() -> Mesh:
@@ -239,7 +239,7 @@ def test_6_wakes_suffice_when_another_writer_changes_the_seats_own_states(change
         lambda m: m.bound("mesh-vault", "bee.app.postgres-database-credential.main", state="provided"),
         lambda m: m.bound("mesh-vault", "ace.postgres.postgres-database-credential", state="waits", waits="a person"),
         lambda m: m.module("app", "2", requires=["cache"]),
-        lambda m: m.module("redis", "2", provides=["cache"], state=["bound"], reads=[PLANS_READ]),
+        lambda m: m.module("redis", "2", provides=["cache"], state=["bound"], reads=[PLANS]),
         lambda m: m.put(MANIFESTS, "postgres-1", {"name": "postgres", "provides": ["postgres-database"]}),
         lambda m: m.delete(MODULES, "app"),
         lambda m: m.raw(BUILDS, "app.1", b"junk"),

@@ -23,14 +23,14 @@ import pytest
 from helpers import NatsServer, free_port, wait_until
 
 from mesh_provisioner.bus.connection import ensure_buckets
-from mesh_provisioner.bus.lease import HOLDER_KEY, SeatLease
+from mesh_provisioner.bus.lease import SeatLease
 from mesh_provisioner.bus.loader import load_states
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.store import Store
 from mesh_provisioner.config import Config
+from mesh_provisioner.contract import HOLDER_KEY, NEEDS, PLANS, PROVISIONS, SEAT, bucket
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Put
-from mesh_provisioner.rules.view import NEEDS, PLANS, PROVISIONS, SEAT, bucket
 from mesh_provisioner.samples import sample_mesh
 from mesh_provisioner.seat import Seat
 

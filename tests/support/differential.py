@@ -35,11 +35,12 @@ from datetime import UTC, datetime
 
 import msgspec
 
+from mesh_provisioner.contract import OWN, PLACEMENT, PLANS, PROVISIONS, REFUSED
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Put
 from mesh_provisioner.rules.judge import keeps_entries
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.settle import settle
-from mesh_provisioner.rules.view import OWN, PLACEMENT, PLANS, PROVISIONS, REFUSED, MemoryView
 from tests.support.meshgen import BOUND_READS, Inputs, view_of
 
 # The fields a provision may differ in, by why (the module's docstring).

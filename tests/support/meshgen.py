@@ -28,21 +28,23 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from mesh_provisioner.messages import records as r
-from mesh_provisioner.rules.judge import keeps_entries
-from mesh_provisioner.rules.settle import settle
-from mesh_provisioner.rules.view import (
+from mesh_provisioner.contract import (
     BUILDS,
     HAVE,
     MANIFESTS,
     MODULES,
     PLACEMENT,
+    PLANS,
     PROVISIONS,
     RESOLVED,
+    VAULT_MODULE,
     WANTS,
-    MemoryView,
     bound,
 )
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.rules.judge import keeps_entries
+from mesh_provisioner.rules.memory_view import MemoryView
+from mesh_provisioner.rules.settle import settle
 
 Inputs = dict[tuple[str, str], bytes]
 
@@ -54,7 +56,7 @@ OFFERS = {
     "keycloak": ("oidc-client",),
     "redis": ("cache",),
     "minio": ("object-storage",),
-    r.VAULT_MODULE: ("secret",),
+    VAULT_MODULE: ("secret",),
 }
 CONSUMERS = ("wiki", "webapp", "reports")
 REQUIRABLE = ("postgres-database", "forge-account", "npm-registry", "oidc-client", "cache", "object-storage")
@@ -137,11 +139,11 @@ def _manifest(rng: random.Random, module: str, requires: list[dict[str, str]]) -
     if module == "gitea" and rng.random() < 0.6:
         offers[0] = {"name": "forge-account", "answered-by": "helper"}
     out: dict[str, Any] = {"name": module, "requires": requires, "provides": offers}
-    keeps = {r.VAULT_MODULE: 0.9, "redis": 0.5}.get(module, 0.6 if module in OFFERS else 0.0)
+    keeps = {VAULT_MODULE: 0.9, "redis": 0.5}.get(module, 0.6 if module in OFFERS else 0.0)
     if rng.random() < keeps:
         out["state"] = [rng.choice(["bound", {"name": "bound"}]), "data"]
     if rng.random() < 0.85:
-        out["reads"] = [r.PLANS_READ]
+        out["reads"] = [PLANS]
     return out
 
 
@@ -158,7 +160,7 @@ def _requirement(rng: random.Random, module: str, among: Iterable[str] = REQUIRA
 
 
 def _catalogue(rng: random.Random, nodes: tuple[str, ...], cycles: bool) -> _Catalogue:
-    providers = [m for m in OFFERS if m in ("postgres", r.VAULT_MODULE) or rng.random() < 0.7]
+    providers = [m for m in OFFERS if m in ("postgres", VAULT_MODULE) or rng.random() < 0.7]
     consumers = rng.sample(CONSUMERS, rng.randint(1, 3))
     # Without cycles, a module requires only what modules after it in a random order provide (or, now and then,
     # what no module of the mesh provides, which holds it): no provider then waits, through the keys it depends on,
@@ -175,7 +177,7 @@ def _catalogue(rng: random.Random, nodes: tuple[str, ...], cycles: bool) -> _Cat
             among = sorted(offered)
         if rng.random() < 0.1:
             among += absent
-        most = 0 if module == r.VAULT_MODULE or not among else 2 if module in OFFERS else 3
+        most = 0 if module == VAULT_MODULE or not among else 2 if module in OFFERS else 3
         requires = [_requirement(rng, module, among) for _ in range(rng.randint(min(most, 0 if module in OFFERS
                                                                                     else 1), most))]
         requires = list({(q["provision"], q.get("local", "")): q for q in requires}.values())
@@ -187,7 +189,7 @@ def _catalogue(rng: random.Random, nodes: tuple[str, ...], cycles: bool) -> _Cat
             manifests[f"{module}-2"] = {**manifests[f"{module}-1"], "requires": newer}
     placed: dict[str, list[str]] = {n: [] for n in nodes}
     for module in modules:
-        if module == r.VAULT_MODULE:
+        if module == VAULT_MODULE:
             count = rng.choices([0, 1, 2], [15, 75, 10])[0]
         else:
             count = rng.choices([1, 2, 3], [65, 28, 7] if module in OFFERS else [40, 40, 20])[0]
@@ -263,7 +265,7 @@ def _entry(rng: random.Random, state: str, key: str) -> bytes:
     roll = rng.random()
     if roll < 0.55:
         value: dict[str, Any] = {"state": "provided"}
-        if state == bound(r.VAULT_MODULE) and rng.random() < 0.3:
+        if state == bound(VAULT_MODULE) and rng.random() < 0.3:
             value.update({"vault-name": f"vault/{key}", "generation": rng.randint(1, 3)})
         return js(value)
     return rng.choice([js({"state": "failed", "why": "the quota is used up"}), js({"state": "waits",

@@ -1,6 +1,6 @@
 """Random meshes run through a live seat on a real nats-server, each compared with `settle()` of its inputs.
 
-`Runner` keeps one server and one connection of another module (`faults.bus.Bus`) for many meshes. For each mesh it
+`Runner` keeps one server and one connection of another module (`meshcheck.bus.Bus`) for many meshes. For each mesh it
 empties every bucket (a purge of each stream: far quicker than deleting and creating them), plays the mesh's
 history (tests/support/meshgen.py) while a seat runs (`Runtime.start`), with the history's kills
 (`Runtime.kill`), waits and server restarts, waits until the seat settles, reads every state back from the
@@ -20,14 +20,15 @@ from dataclasses import dataclass, field
 import nats.js.errors
 from nats.js.kv import KeyValue
 
-from faults import check
-from faults.bus import Bus, seat_config, until
 from mesh_provisioner.bus.cache import watched_states
 from mesh_provisioner.bus.embedded import EmbeddedServer
-from mesh_provisioner.cli import reconcile
+from mesh_provisioner.cli.commands import reconcile
 from mesh_provisioner.config import Config
-from mesh_provisioner.rules.view import MemoryView, bucket
+from mesh_provisioner.contract import bucket
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.runtime import Runtime
+from meshcheck import check
+from meshcheck.bus import Bus, seat_config, until
 from tests.support.differential import compare, expected, inputs_of, off_fixed_point
 from tests.support.meshgen import BOUND_READS, Generated, Op, generate
 
@@ -92,7 +93,7 @@ class Runner:
     def snapshot(self) -> MemoryView:
         """Every state a mesh wrote or the seat watches, as the server holds it now.
 
-        The keys come from each stream's subjects, not from a key-value watch (`faults.bus.Bus.entries` says why);
+        The keys come from each stream's subjects, not from a key-value watch (`meshcheck.bus.Bus.entries` says why);
         every state and key is asked for at once.
         """
 

@@ -11,8 +11,9 @@ import pytest
 from helpers import wait_until
 from seatbus import Bus, Seats, assert_fixed_point, load_sample, provisions, raw, seat_config, settle
 
+from mesh_provisioner.contract import PLACEMENT, PLANS, REFUSED, RESOLVED, WANTS
 from mesh_provisioner.messages import records as r
-from mesh_provisioner.rules.view import PLACEMENT, PLANS, REFUSED, RESOLVED, WANTS, not_a_node
+from mesh_provisioner.rules.view import not_a_node
 
 BAD = "0.bad"  # sorted before ace, where the sample mesh places mesh-vault
 VAULTED: dict[str, object] = {"node": BAD, "modules": [{"module": "mesh-vault"}, {"module": "postgres"}]}

@@ -11,8 +11,8 @@ from pathlib import Path
 from helpers import wait_until
 from seatbus import Bus, assert_fixed_point
 
+from mesh_provisioner.contract import WANTS
 from mesh_provisioner.messages import records as r
-from mesh_provisioner.rules.view import WANTS
 
 TIMEOUT = 60.0
 

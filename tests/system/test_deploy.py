@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from helpers import NatsServer, free_port, wait_until
 
-from mesh_provisioner import cli
+from mesh_provisioner.cli import options
 
 ROOT = Path(__file__).parents[2]
 CONTAINERFILE = ROOT / "deploy" / "Containerfile"
@@ -47,13 +47,13 @@ def unit_settings(text: str) -> dict[str, list[str]]:
     return out
 
 
-def settings_of(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> cli.Settings:
+def settings_of(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> options.Settings:
     """What the seat makes of a command line and an environment, as the process would (in-process)."""
     for name in [n for n in os.environ if n.startswith(("MESH_PROVISIONER_", "NATS_"))]:
         monkeypatch.delenv(name)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    return cli.settings(cli.parser().parse_args(argv))
+    return options.settings(options.parser().parse_args(argv))
 
 
 def test_the_image_copies_only_what_the_repository_has() -> None:

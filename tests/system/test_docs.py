@@ -94,7 +94,7 @@ def test_6_the_layout_tree_has_every_directory_of_the_repository() -> None:
     top = {name.split("/", 1)[0] for name in subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
                                                             capture_output=True, text=True, check=True).stdout.split()
            if "/" in name and not name.startswith(".")}
-    assert {"faults", "benchmarks", "deploy", "examples", "docs", "tests", "mesh_provisioner"} <= top
+    assert {"faults", "meshcheck", "benchmarks", "deploy", "examples", "docs", "tests", "mesh_provisioner"} <= top
     listed = set(re.findall(r"^([a-z_]+)/", tree, re.MULTILINE))
     assert top <= listed, sorted(top - listed)
 

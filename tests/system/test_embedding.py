@@ -31,9 +31,9 @@ from seatbus import Bus, Seats, assert_fixed_point, load_sample, seat_config, se
 
 from mesh_provisioner.bus.embedded import free_port
 from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.contract import WANTS
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import ComposeNode, SeatStatus, Status, Stop
-from mesh_provisioner.rules.view import WANTS
 from mesh_provisioner.runtime import Runtime
 
 

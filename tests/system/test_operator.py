@@ -28,10 +28,9 @@ import pytest
 from helpers import NatsServer, free_port, wait_until
 
 from mesh_provisioner.bus.embedded import EmbeddedServer
-from mesh_provisioner.bus.lease import HOLDER_KEY
 from mesh_provisioner.bus.loader import load_states
+from mesh_provisioner.contract import HOLDER_KEY, SEAT, bucket
 from mesh_provisioner.messages import records as r
-from mesh_provisioner.rules.view import SEAT, bucket
 from mesh_provisioner.samples import sample_mesh
 
 ROOT = Path(__file__).parents[2]

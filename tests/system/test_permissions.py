@@ -27,9 +27,9 @@ from mesh_provisioner.bus.connection import ensure_buckets
 from mesh_provisioner.bus.embedded import EmbeddedServer
 from mesh_provisioner.bus.loader import load_states, router_stream
 from mesh_provisioner.bus.loop import EventLoopThread
-from mesh_provisioner.bus.verb import SUBJECT, serve_verb
+from mesh_provisioner.bus.verb import serve_verb
 from mesh_provisioner.config import Config
-from mesh_provisioner.rules.view import OWN, PLACEMENT, PROVISIONS, bucket
+from mesh_provisioner.contract import OWN, PLACEMENT, PROVISIONS, VERB_SUBJECT, bucket
 from mesh_provisioner.runtime import Runtime
 from mesh_provisioner.samples import sample_mesh
 
@@ -155,12 +155,12 @@ def test_the_seat_serves_its_verb_as_its_user(server: EmbeddedServer) -> None:
         loop.run(cache.wait_synced(10), 15)
         service = loop.run(serve_verb(nc, cache.view), 10)
         try:
-            reply = loop.run(other.request(SUBJECT, b'{"what": "provisions"}', timeout=5), 10)
+            reply = loop.run(other.request(VERB_SUBJECT, b'{"what": "provisions"}', timeout=5), 10)
             assert [e["key"] for e in json.loads(reply.data)["entries"]] == ["bee.oldapp.postgres-database"]
             ping = loop.run(other.request("$SRV.PING.mesh-provisioner", b"", timeout=5), 10)
             assert json.loads(ping.data)["name"] == "mesh-provisioner"
             info = loop.run(other.request("$SRV.INFO", b"", timeout=5), 10)
-            assert json.loads(info.data)["endpoints"][0]["subject"] == SUBJECT
+            assert json.loads(info.data)["endpoints"][0]["subject"] == VERB_SUBJECT
         finally:
             loop.run(service.stop(), 10)
             loop.run(cache.stop(), 10)

@@ -11,7 +11,7 @@ import pytest
 from helpers import wait_until
 from seatbus import Bus, Seats, assert_fixed_point, load_sample, seat_config, settle
 
-from mesh_provisioner.rules.view import NEEDS, REGISTRY, bucket
+from mesh_provisioner.contract import NEEDS, REGISTRY, bucket
 
 REGISTRY_FILE = """default = "example.org"
 forge = "git.example.org"

@@ -11,7 +11,7 @@ from helpers import NatsServer, wait_until
 from seatbus import Bus, Seats, assert_fixed_point, seat_config, settle
 
 from mesh_provisioner.actors import node as node_actor
-from mesh_provisioner.rules.view import WANTS
+from mesh_provisioner.contract import WANTS
 from mesh_provisioner.runtime import Runtime
 
 Events = tuple[threading.Event, threading.Event, threading.Event]

@@ -1,4 +1,5 @@
 """The check every fault scenario ends with (design.md, properties 1, 3, 4 and 5): what was lost, in sentences.
+The tests make its fixed point check too (tests/seatbus.py, tests/support/seatrun.py).
 
 Once both seats are settled:
 
@@ -30,15 +31,15 @@ from typing import Any
 import msgspec
 import nats
 
-from faults.bus import Bus, comparable, diff, plans, provisions, refusals, seat_state, short, until
 from mesh_provisioner.actors.base import ActorKilled
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.config import Config
+from mesh_provisioner.contract import VERB_SUBJECT
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules import keys as k
 from mesh_provisioner.runtime import Runtime
+from meshcheck.bus import Bus, comparable, diff, plans, provisions, refusals, seat_state, short, until
 
-VERB = "mesh-provisioner.provisioning"
 WATCHED_LOGGERS = ("pykka", "mesh_provisioner")
 
 
@@ -125,7 +126,7 @@ def verb_answers(url: str, timeout: float = 20.0) -> list[str]:
     async def ask() -> dict[str, Any]:
         nc = await nats.connect(url.split(","), max_reconnect_attempts=1, connect_timeout=2)
         try:
-            msg = await nc.request(VERB, b'{"what": "plans"}', timeout=2)
+            msg = await nc.request(VERB_SUBJECT, b'{"what": "plans"}', timeout=2)
             answer: dict[str, Any] = json.loads(msg.data)
             return answer
         finally:
@@ -142,7 +143,7 @@ def verb_answers(url: str, timeout: float = 20.0) -> list[str]:
         last[:] = [json.dumps(reply)[:200]]
         return bool(reply.get("entries"))
 
-    with EventLoopThread("faults-verb") as loop:
+    with EventLoopThread("meshcheck-verb") as loop:
         try:
             until(answered, timeout, 0.1, "the verb to answer")
         except TimeoutError:

@@ -2,10 +2,10 @@
 ends where an undisturbed seat given the same changes ends (design.md, properties 1, 3 and 4).
 
 These are the fault runner's `kills` and `restarts` scenarios (faults/scenarios), run larger than their bounded
-versions in tests/faults: two servers get the same sample mesh and, change by change, the same seeded stream of
+versions in test_scenarios.py: two servers get the same sample mesh and, change by change, the same seeded stream of
 random changes (the router deciding the asks it holds now and then); one seat serves each, the disturbed one killed
 at random (through the chaos API, `sup.kill`, and by `ActorRef.stop()` from outside) or its server restarted
-mid-stream, the other left alone. Once both are settled (faults.check):
+mid-stream, the other left alone. Once both are settled (meshcheck.check):
 
 - each bus is at a fixed point: a fresh seat over it writes nothing;
 - every plan, every needed (non-retiring) provision and every refusal is the same on both, `at`, `v` and a

@@ -1,10 +1,10 @@
 """Another module's connection to a bus, the seat's states read back from the server, and the router's stand-in.
 
-A fault run plays the other modules of the mesh: it writes their states through a connection of its own (`Bus`), as
-the controller, the assigner or a provider would, creates the router's stream of asks (`asks`, de-duplicating by
-`Nats-Msg-Id` for a day, as the router keeps it) and its records, and reads the seat's states back from the server,
-never from the seat's memory. Every call waits for the server's acknowledgement, retrying while the server is away
-(a restart, a pause, a cluster electing a leader) up to a deadline.
+A fault run or a test plays the other modules of the mesh: it writes their states through a connection of its own
+(`Bus`), as the controller, the assigner or a provider would, creates the router's stream of asks (`asks`,
+de-duplicating by `Nats-Msg-Id` for a day, as the router keeps it) and its records, and reads the seat's states back
+from the server, never from the seat's memory. Every call waits for the server's acknowledgement, retrying while the
+server is away (a restart, a pause, a cluster electing a leader) up to a deadline.
 """
 
 from __future__ import annotations
@@ -30,17 +30,24 @@ from nats.js.kv import KeyValue
 from mesh_provisioner.bus.loader import load_states
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.config import Config
+from mesh_provisioner.contract import (
+    ASK_RECORDS,
+    DECIDED_SUBJECT,
+    MODULE,
+    OWN,
+    PLANS,
+    PROVISIONS,
+    REFUSED,
+    ROUTER_STREAM,
+    bucket,
+)
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules.retire import act, act_digest
 from mesh_provisioner.rules.signature import signed_bytes
-from mesh_provisioner.rules.view import ASK_RECORDS, PLANS, PROVISIONS, REFUSED, bucket
 from mesh_provisioner.samples import sample_mesh
 
-log = logging.getLogger("faults.bus")
+log = logging.getLogger("meshcheck.bus")
 
-SEAT_STATES = (PLANS, PROVISIONS, REFUSED)
-ASKS_STREAM = "asks"
-DECIDED = "asks.decided.mesh-provisioner"
 # JetStream's answers that mean "not now" (no leader yet, a peer catching up): asked again until the deadline.
 _TRANSIENT_CODES = (None, 503, 500)
 
@@ -92,9 +99,9 @@ class Bus:
     def __init__(self, url: str, *, timeout: float = 30.0) -> None:
         self.url = url
         self.timeout = timeout
-        self.loop = EventLoopThread("faults-bus-writer")
+        self.loop = EventLoopThread("meshcheck-bus-writer")
         self.nc: Client = self.loop.run(
-            nats.connect(url.split(","), reconnect_time_wait=0.1, max_reconnect_attempts=-1, name="faults-writer",
+            nats.connect(url.split(","), reconnect_time_wait=0.1, max_reconnect_attempts=-1, name="meshcheck-writer",
                          error_cb=_quiet, disconnected_cb=_nothing, reconnected_cb=_nothing),
             15,
         )
@@ -237,7 +244,7 @@ class Bus:
         value = self.get(REFUSED, key)
         return None if value is None else r.decode(r.Refusal, value)
 
-    def last_seqs(self, states: tuple[str, ...] = SEAT_STATES) -> dict[str, int]:
+    def last_seqs(self, states: tuple[str, ...] = OWN) -> dict[str, int]:
         """Each state's bucket's last revision: any write, even of an equal value, moves it."""
 
         async def go() -> dict[str, int]:
@@ -266,7 +273,7 @@ class Bus:
         """The router's stream of asks, keeping every ask id for a day against duplicates, and its records."""
 
         async def go() -> None:
-            await self.js.add_stream(name=ASKS_STREAM, subjects=["asks.>"], duplicate_window=86_400.0,
+            await self.js.add_stream(name=ROUTER_STREAM, subjects=["asks.>"], duplicate_window=86_400.0,
                                      num_replicas=replicas)
 
         self.run(go)
@@ -276,13 +283,13 @@ class Bus:
         """Every ask in the router's stream, in order, with its `Nats-Msg-Id`."""
 
         async def go() -> list[tuple[str, r.Ask]]:
-            info = await self.js.stream_info(ASKS_STREAM)
+            info = await self.js.stream_info(ROUTER_STREAM)
             if not info.state.messages:
                 return []
             out = []
             for seq in range(info.state.first_seq, info.state.last_seq + 1):
                 try:
-                    msg = await self.js.get_msg(ASKS_STREAM, seq)
+                    msg = await self.js.get_msg(ROUTER_STREAM, seq)
                 except nats.js.errors.NotFoundError:
                     continue
                 if msg.subject.startswith("asks.ask."):
@@ -304,7 +311,7 @@ class Bus:
     ) -> None:
         """Decide a retiring key's ask as the router does: write its record, then say so on the decided subject."""
         self.put(ASK_RECORDS, ask_id, record(key, ask_id, option, binds=binds, signer=signer))
-        self.publish(DECIDED, b"{}")
+        self.publish(DECIDED_SUBJECT, b"{}")
 
 
 def record(
@@ -326,7 +333,7 @@ def record(
     if binds is not None:
         options = tuple(msgspec.structs.replace(o, binds=binds) if o.id == option else o for o in options)
     w = r.Warrant(
-        asker=r.MODULE,
+        asker=MODULE,
         ask=ask_id,
         outcome="chosen",
         option=option,
@@ -345,19 +352,19 @@ def load_sample(url: str, *, extra: dict[str, dict[str, bytes]] | None = None, r
     states = sample_mesh()
     for state, values in (extra or {}).items():
         states.setdefault(state, {}).update(values)
-    with EventLoopThread("faults-loader") as loop:
+    with EventLoopThread("meshcheck-loader") as loop:
         loop.run(load_states(url, states, replicas=replicas), 60)
 
 
 def seat_state(bus: Bus) -> dict[str, dict[str, bytes]]:
     """The seat's own states (plans, provisions, refused) as the server holds them."""
-    return {state: bus.entries(state) for state in SEAT_STATES}
+    return {state: bus.entries(state) for state in OWN}
 
 
 def diff(before: dict[str, dict[str, bytes]], after: dict[str, dict[str, bytes]]) -> list[str]:
     """What changed between two readings of the seat's states, one line a key."""
     out = []
-    for state in SEAT_STATES:
+    for state in OWN:
         a, b = before.get(state, {}), after.get(state, {})
         for key in sorted(a.keys() | b.keys()):
             if a.get(key) != b.get(key):
