@@ -37,7 +37,7 @@ from mesh_provisioner.backoff import backoff
 from mesh_provisioner.bus.asks import Asks
 from mesh_provisioner.bus.attachment import Attachment
 from mesh_provisioner.bus.cache import Cache
-from mesh_provisioner.bus.connection import closed_for_good, config_buckets_wait, ensure_config_buckets
+from mesh_provisioner.bus.connection import STREAM_CREATED, closed_for_good, config_buckets_wait, ensure_config_buckets
 from mesh_provisioner.bus.link import link
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.registry import RegistryWriter
@@ -65,9 +65,6 @@ from mesh_provisioner.rules.view import Entry, not_nodes
 from mesh_provisioner.supervisor import Supervisor
 
 log = logging.getLogger("mesh_provisioner.runtime")
-
-# JetStream's advisory of a stream created: the router's, which takes asks, may be one (contract 5.4).
-STREAM_CREATED = "$JS.EVENT.ADVISORY.STREAM.CREATED.*"
 
 
 class Runtime:

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterable
-from typing import Final
 
 import nats.errors
 import nats.js.errors
@@ -31,7 +30,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
 
-from mesh_provisioner.bus.connection import open_bucket, stream_of, subject_of
+from mesh_provisioner.bus.connection import STREAM_ADVISORIES, open_bucket, stream_of, subject_of
 from mesh_provisioner.bus.link import link
 from mesh_provisioner.bus.memory import Listener, Memory
 from mesh_provisioner.bus.watch import INACTIVE_THRESHOLD, SLICE, content, drop_watch, first_values
@@ -51,7 +50,6 @@ from mesh_provisioner.rules.memory_view import MemoryView
 
 log = logging.getLogger("mesh_provisioner.bus.cache")
 
-_ADVISORIES: Final = "$JS.EVENT.ADVISORY.STREAM.>"
 
 
 def watched_states(bound_reads: Iterable[str] = DEFAULT_BOUND_READS) -> tuple[str, ...]:
@@ -133,7 +131,7 @@ class Cache:
         self._loop = asyncio.get_running_loop()
         self._loading = set(self.states)
         self._loaded.clear()
-        self._advisories = await self._nc.subscribe(_ADVISORIES, cb=self._advisory)
+        self._advisories = await self._nc.subscribe(STREAM_ADVISORIES, cb=self._advisory)
         self._link.on_reconnected(self._reconnected)
         for state in self.states:
             self._restart(state)

@@ -33,6 +33,11 @@ from mesh_provisioner.contract import LEASE_SECONDS, SEAT, SEAT_STATES, bucket
 
 log = logging.getLogger("mesh_provisioner.bus.connection")
 
+# JetStream's advisories of its streams: a bucket created or deleted (the cache), and a stream created, the router's,
+# which takes asks, among them (contract 5.4).
+STREAM_ADVISORIES: Final = "$JS.EVENT.ADVISORY.STREAM.>"
+STREAM_CREATED: Final = "$JS.EVENT.ADVISORY.STREAM.CREATED.*"
+
 _STREAM_NAME_IN_USE: Final = 10058  # JSStreamNameExistErr: someone created the bucket first
 
 

@@ -6,6 +6,7 @@ import gc
 import json
 from datetime import UTC, datetime, timedelta, timezone
 
+import msgspec
 import pytest
 
 from mesh_provisioner.contract import MANIFESTS, PROVISIONS, WANTS, bucket
@@ -265,3 +266,21 @@ def test_1_warrant_time_kept_in_utc_with_z(at: str) -> None:
     [put] = decide(m.view, key, NOW).writes
     assert isinstance(put, Put)
     assert json.loads(put.value)["warrant"]["at"] == "2026-12-03T05:00:00Z"
+
+
+def test_decoded_records_share_their_short_strings_and_equal_what_they_decode() -> None:
+    # The cache's memory a key (design.md): the names records repeat are held once, whatever decodes them.
+    from mesh_provisioner.messages.sharing import shared
+
+    raw = (b'{"provision":"bucket","consumer":{"module":"app","node":"n1"},"provider":{"module":"store","node":"n2"},'
+           b'"depends-on":["n2.store.bucket-credential"],"state":"asked","why":"' + b"w" * 200 + b'"}')
+    a, b = r.decode(r.Provision, raw), r.decode(r.Provision, raw)
+    assert a == msgspec.json.decode(raw, type=r.Provision)
+    assert a.consumer.node is b.consumer.node and a.provider.module is b.provider.module
+    assert a.depends_on[0] is b.depends_on[0] and a.state is b.state
+    assert a.why == b.why and a.why is not b.why, "a long why is seldom repeated: not interned"
+    plan = (b'{"node":"n1","module":"app","plan":{"provisions":[{"provision":"db","provider":"n2",'
+            b'"provider-module":"pg"}]}}')
+    c, d = r.decode(r.PlanRecord, plan), r.decode(r.PlanRecord, plan)
+    assert c.plan.provisions[0].provider_module is d.plan.provisions[0].provider_module
+    assert shared(c) is c, "shared in place"
