@@ -33,7 +33,7 @@ from nats.js.kv import KeyValue
 from mesh_provisioner.bus.connection import STREAM_ADVISORIES, open_bucket, stream_of, subject_of
 from mesh_provisioner.bus.link import link
 from mesh_provisioner.bus.memory import Listener, Memory
-from mesh_provisioner.bus.watch import INACTIVE_THRESHOLD, SLICE, content, drop_watch, first_values
+from mesh_provisioner.bus.watch import CHUNK, INACTIVE_THRESHOLD, Stretch, content, drop_watch, first_values
 from mesh_provisioner.contract import (
     APPLIED,
     ASK_RECORDS,
@@ -329,21 +329,24 @@ class Cache:
         snapshot = await first_values(watcher, bucket(state), last, messages, self._load_timeout)
         self._latest[state] = max([last, *(e.revision or 0 for e in snapshot.values())])
         contents = {k: content(e) for k, e in snapshot.items()}
-        # Kept a slice at a time, the loop given back between: a bucket of tens of thousands of keys would hold it
-        # for the whole decoding. Each key is told as it is kept, so whoever read a key early is woken by it.
+        # Kept a few at a time, the loop given back after each stretch (bus/watch.py): a bucket of tens of thousands
+        # of keys would hold it for the whole decoding. Each key is told as it is kept, so whoever read a key early is woken by it.
         keys = list(contents)
-        for start in range(0, max(len(keys) - SLICE, 0), SLICE):
-            self.memory.take(state, {k: contents[k] for k in keys[start:start + SLICE]}, last)
-            await asyncio.sleep(0)
+        stretch = Stretch()
+        for start in range(0, max(len(keys) - CHUNK, 0), CHUNK):
+            self.memory.take(state, {k: contents[k] for k in keys[start:start + CHUNK]}, last)
+            if stretch.over():
+                await asyncio.sleep(0)
         self.memory.reconcile(state, contents, last)
         self._done_loading(state)
 
     async def _follow(self, state: str, watcher: KeyValue.KeyWatcher) -> None:
-        """Apply a watch's changes as they come, until it is stopped, giving the loop back every slice of them."""
+        """Apply a watch's changes as they come, until it is stopped, giving the loop back after each stretch."""
         seen = 0
+        stretch = Stretch()
         async for update in watcher:
             seen += 1
-            if seen % SLICE == 0:
+            if seen % CHUNK == 0 and stretch.over():
                 await asyncio.sleep(0)
             if update is not None:
                 raw, revision = content(update)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Final
 
 import nats.errors
@@ -15,8 +16,29 @@ from mesh_provisioner.bus.natsfix import stop_watch, watch_consumer
 
 log = logging.getLogger("mesh_provisioner.bus.cache")
 
-# How many values a watch's reader takes in a row before it gives the loop back (a host's tasks run on it too).
-SLICE: Final = 256
+# How long the cache works on the loop in one stretch before it gives the loop back (a host's tasks run on it too):
+# a host's loop waits for the interpreter lock behind the seat's threads too, so a stretch is kept well below the
+# interpreter's switch interval (5 ms), within which it is seldom made to wait for the lock mid-way.
+STRETCH: Final = 0.002
+# Values taken between two looks at the clock.
+CHUNK: Final = 16
+
+
+class Stretch:
+    """Tells work on the loop when it has run its stretch and should give the loop back (`await asyncio.sleep(0)`)."""
+
+    __slots__ = ("_since",)
+
+    def __init__(self) -> None:
+        self._since = time.perf_counter()
+
+    def over(self) -> bool:
+        """Whether the stretch is over; if so, the next one begins now."""
+        now = time.perf_counter()
+        if now - self._since < STRETCH:
+            return False
+        self._since = now
+        return True
 # A consumer of a watch nobody listens to any more is reaped by the server after this long, should deleting
 # it have failed (the connection was down when the watch was dropped).
 INACTIVE_THRESHOLD: Final = 30.0
@@ -43,6 +65,7 @@ async def first_values(
     pending (the stream's last message removed by hand), what came is taken as the bucket.
     """
     snapshot: dict[str, KeyValue.Entry] = {}
+    stretch = Stretch()
     quiet = False
     loop = asyncio.get_running_loop()
     try:
@@ -63,7 +86,7 @@ async def first_values(
                 if (update.revision or 0) >= last:
                     break
                 quiet = not update.delta
-                if len(snapshot) % SLICE == 0:
+                if len(snapshot) % CHUNK == 0 and stretch.over():
                     await asyncio.sleep(0)  # queued values do not yield the loop: a host's tasks get theirs
     except TimeoutError:
         if not quiet:
