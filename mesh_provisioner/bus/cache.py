@@ -330,7 +330,8 @@ class Cache:
         self._latest[state] = max([last, *(e.revision or 0 for e in snapshot.values())])
         contents = {k: content(e) for k, e in snapshot.items()}
         # Kept a few at a time, the loop given back after each stretch (bus/watch.py): a bucket of tens of thousands
-        # of keys would hold it for the whole decoding. Each key is told as it is kept, so whoever read a key early is woken by it.
+        # of keys would hold it for the whole decoding. Each key is told as it is kept, so whoever read a key early
+        # is woken by it.
         keys = list(contents)
         stretch = Stretch()
         for start in range(0, max(len(keys) - CHUNK, 0), CHUNK):
