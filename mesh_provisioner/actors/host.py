@@ -12,7 +12,7 @@ from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import ComposeNode, SeatStatus, Status, Stop
 
 
-class Seat(Protocol):
+class HostFacing(Protocol):
     """What a host's messages are answered from: the runtime."""
 
     config: Config
@@ -28,7 +28,7 @@ class HostActor(pykka.ThreadingActor):
     """The seat's mailbox for a host's actors: `ComposeNode`, `Status`, `Stop` (design.md). Apart from the
     supervisor's, so that a composition a host waits for never holds a restart back."""
 
-    def __init__(self, seat: Seat) -> None:
+    def __init__(self, seat: HostFacing) -> None:
         super().__init__()
         self.seat = seat
 
