@@ -108,6 +108,8 @@ def check(what: str, state: str = "", as_json: bool = False, filtered: bool = Fa
         return f"show shows {', '.join([*SHOWN, GRAPH])}, not {what!r}"
     if state and what != "provisions":
         return f"--state narrows provisions only, not {what}"
+    if state and state not in r.STATES:
+        return f"--state is one of {', '.join(r.STATES)}, not {state!r}"
     if what == GRAPH and (as_json or filtered or state):
         return "show graph draws every provision: it takes no --node, --module, --state or --json"
     return ""

@@ -132,3 +132,10 @@ def test_tables_narrowed() -> None:
 def test_requests_show_cannot_make(args: dict[str, Any], why: str) -> None:
     with pytest.raises(ValueError, match="^" + re.escape(why)):
         render(view(), **args)
+
+
+def test_a_state_that_is_not_a_provisions_state_is_refused() -> None:
+    from mesh_provisioner.show import check
+
+    assert "not 'provide'" in check("provisions", state="provide")
+    assert check("provisions", state="provided") == ""

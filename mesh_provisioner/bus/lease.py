@@ -40,11 +40,12 @@ class SeatLease:
         self.holder = holder or uuid.uuid4().hex
         self.revision = 0
         self._deadline = 0.0  # monotonic time until which this process may write
+        self._since: datetime | None = None  # when this process took the seat: renewals keep it
 
     def record(self) -> r.Lease:
-        """The lease record this process writes."""
-        return r.Lease(holder=self.holder, host=socket.gethostname(), pid=os.getpid(),
-                       since=datetime.now(UTC).replace(microsecond=0))
+        """The lease record this process writes: `since` is when it took the seat, not when it last renewed."""
+        since = self._since or datetime.now(UTC).replace(microsecond=0)
+        return r.Lease(holder=self.holder, host=socket.gethostname(), pid=os.getpid(), since=since)
 
     @property
     def held(self) -> bool:
@@ -68,7 +69,10 @@ class SeatLease:
         asked = time.monotonic()
         kv, _ = await open_bucket(self.nc.jetstream(), SEAT)
         try:
-            self.revision = await kv.create(HOLDER_KEY, r.encode(self.record()))
+            self._since = None  # taken again: since now
+            taken = self.record()
+            self.revision = await kv.create(HOLDER_KEY, r.encode(taken))
+            self._since = taken.since
         except nats.js.errors.KeyWrongLastSequenceError:
             return False
         except nats.js.errors.APIError as err:

@@ -22,6 +22,7 @@ PROVIDED: Final = "provided"
 FAILED: Final = "failed"
 WAITS: Final = "waits"
 RETIRING: Final = "retiring"
+STATES: Final = (ASKED, PROVIDED, FAILED, WAITS, RETIRING)
 
 # A have's phases and healths (section 2).
 PHASE_RUNNING: Final = "running"

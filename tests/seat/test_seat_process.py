@@ -5,6 +5,7 @@ Each test runs `python -m mesh_provisioner` as real processes against a real nat
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import nats
@@ -428,3 +430,39 @@ def test_4_needs_retired_when_the_seat_starts(bus: tuple[NatsServer, EventLoopTh
             await nc.close()
 
     assert loop.run(keys(), 10) == []
+
+
+def test_8_the_lease_says_since_when_its_holder_took_the_seat_not_when_it_last_renewed(
+    bus: tuple[NatsServer, EventLoopThread],
+) -> None:
+    server, loop = bus
+
+    async def next_second(after: datetime | None) -> None:
+        """Until the wall clock's second has moved past `after`, with a deadline."""
+        deadline = time.monotonic() + 5
+        while after is not None and datetime.now(UTC).replace(microsecond=0) <= after:
+            assert time.monotonic() < deadline, "the clock did not move"
+            await asyncio.sleep(0.05)
+
+    async def scenario() -> tuple[r.Lease | None, r.Lease | None, r.Lease | None]:
+        nc = await nats.connect(server.url)
+        try:
+            await ensure_buckets(nc.jetstream(), lease=LEASE)
+            lease = SeatLease(nc, LEASE)
+            assert await lease.take()
+            taken = await lease.current()
+            await next_second(taken.since if taken is not None else None)
+            assert await lease.renew()  # a second or more later: `since` is written again, and must not move
+            renewed = await lease.current()
+            await lease.give_back()
+            assert await lease.take()
+            again = await lease.current()
+            await lease.give_back()
+            return taken, renewed, again
+        finally:
+            await nc.close()
+
+    taken, renewed, again = loop.run(scenario(), 30)
+    assert taken is not None and renewed is not None and again is not None
+    assert taken.since is not None and renewed.since == taken.since
+    assert again.since is not None and again.since > taken.since, "taken again: since then"
