@@ -265,10 +265,10 @@ def _judge_node(
         if key not in needed and p.consumer.node == node and p.consumer.module in held_modules:
             continue
         kept[key] = p
-    # A key of this node that another node's provision depends on stays needed (a provider's shared
-    # credential, or a provider's own needs while a consumer elsewhere depends on them).
-    # Asked of each key not needed, not of the node as a whole: a consumer elsewhere starting to depend on a key
-    # this node needs already changes nothing here, and wakes nothing here (section 6, by what was read).
+    # A key of this node that another node's provision depends on stays needed (a provider's own needs while a
+    # consumer elsewhere depends on them; a shared credential others depend on is not among the keys judged here at
+    # all: those nodes judge it, `judged_on`). Asked of each key not needed, not of the node as a whole: a consumer
+    # elsewhere starting to depend on a key this node needs already changes nothing here, and wakes nothing here.
     for key, p in kept.items():
         if key not in needed and any(k.node_of(u) != node for u in view.dependents(key)):
             needed[key] = msgspec.structs.replace(p, state="", why="", ask="", warrant=None)

@@ -38,6 +38,7 @@ Token = tuple[str, ...]
 
 T = TypeVar("T")
 
+
 def token(*parts: str) -> Token:
     """A token from its parts: the kind of read, then what it names."""
     return parts
