@@ -107,14 +107,14 @@ class ComposeSpy:
         self.most = 0
         self.count = 0
 
-    def __call__(self, view: Any, node: str, now: Any) -> Any:
+    def __call__(self, view: Any, node: str, now: Any, writes_on: Any = None) -> Any:
         who = (id(view), node)
         with self.lock:
             self.running[who] += 1
             self.count += 1
             self.most = max(self.most, self.running[who])
         try:
-            return self.real(view, node, now)
+            return self.real(view, node, now, writes_on)
         finally:
             with self.lock:
                 self.running[who] -= 1

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from mesh_provisioner.contract import DEFAULT_BOUND_READS, LEASE_SECONDS, MIN_LEASE_SECONDS
+from mesh_provisioner.contract import DEFAULT_BOUND_READS, LEASE_SECONDS, MAX_SHARDS, MIN_LEASE_SECONDS, SHARDS
 from mesh_provisioner.rules.keys import is_token
 from mesh_provisioner.rules.signature import BadRouterKey, parse_key
 
@@ -37,6 +37,10 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     docs/BENCHMARKS.md)."""
     lease_seconds: float = LEASE_SECONDS
     """The seat's lease time: the max age of `mesh-provisioner_seat` (contract section 8)."""
+    shards: int = SHARDS
+    """The mesh's shard count (contract 8.1): 1 is the single lease `holder`, one process composing every node; more
+    lets several processes share the mesh, each holding its fair share of the shards' leases. Every process of a mesh
+    uses the same count."""
     replicas: int = 1
     """How many servers of a JetStream cluster keep each bucket the seat creates (its own states, section 4)."""
     request_timeout: float = 10.0
@@ -96,6 +100,8 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
             out.append(("max_parallel", "must be 0 (no bound) or more"))
         if not math.isfinite(self.lease_seconds) or self.lease_seconds < MIN_LEASE_SECONDS:
             out.append(("lease_seconds", f"the lease time must be at least {MIN_LEASE_SECONDS:g} seconds"))
+        if not 1 <= self.shards <= MAX_SHARDS:
+            out.append(("shards", f"a mesh has 1 to {MAX_SHARDS} shards"))
         if not 1 <= self.replicas <= MAX_REPLICAS:
             out.append(("replicas", f"JetStream keeps a bucket on 1 to {MAX_REPLICAS} servers"))
         if self.metrics_addr:

@@ -77,6 +77,14 @@ RETIRE_VERB: Final = f"{MODULE}.retire"
 
 # The key of `mesh-provisioner.seat` that holds the lease.
 HOLDER_KEY: Final = "holder"
+# A partitioned seat (contract 8.1): the key of shard i's lease is `shard.<i>`, and a process announces itself live
+# under `member.<its holder id>`, renewed as its leases are; both age out with the bucket as `holder` does.
+SHARD_KEY_PREFIX: Final = "shard."
+MEMBER_KEY_PREFIX: Final = "member."
+# The shard count when none is configured: one shard, the single lease `holder` (contract 8).
+SHARDS: Final = 1
+# The most shards a mesh may have: a process renews each of its leases a quarter of the lease time apart.
+MAX_SHARDS: Final = 1024
 # The lease time, the max age of the lease bucket, when none is configured.
 LEASE_SECONDS: Final = 15.0
 # The shortest lease time a seat takes: the holder renews every quarter of it and stops writing a fifth of it early,

@@ -43,7 +43,7 @@ from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.registry import RegistryWriter
 from mesh_provisioner.bus.store import Applied, Store
 from mesh_provisioner.config import Config
-from mesh_provisioner.contract import REGISTRY
+from mesh_provisioner.contract import NEEDS, REGISTRY
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import (
     ChildExited,
@@ -54,7 +54,7 @@ from mesh_provisioner.messages.protocol import (
     SeatStatus,
     Tick,
 )
-from mesh_provisioner.messages.writes import Write
+from mesh_provisioner.messages.writes import Put, Write
 from mesh_provisioner.metrics import Metrics
 from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.order import providers_first
@@ -105,6 +105,8 @@ class Runtime:
         self._verify = make_verify(config.router_key) if config.router_key else None
         self._subs: list[Subscription] = []  # on the connection, for the router: dropped when this stops
         self._registry: RegistryWriter | None = None  # the operator's registry file, read when the seat is taken
+        self._registry_done = False  # written (and the needs retired) once this holds the shard that writes them
+        self.writes_on: Callable[[str], bool] | None = None  # the nodes this seat composes; None: all (`scope`)
         self._closed = False
         link(nc).on_closed(self._connection_closed)
         self.ref = HostActor.start(self)
@@ -119,14 +121,16 @@ class Runtime:
         nc: Client | None = None,
         loop: Any = None,
         clock: Callable[[], datetime] | None = None,
-        guard: Callable[[], str] | None = None,
+        guard: Callable[[Write], str] | None = None,
+        owns: Callable[[str], bool] | None = None,
         metrics: Metrics | None = None,
     ) -> Runtime:
         """Connect (or take the host's connection and loop), fill the cache, and start every actor.
 
         `nc` comes with the `loop` that runs it, or is refused at once; `bus/attachment.py` says what each makes and
-        what `stop` undoes. `guard` says why this process may not write now ("" when it may): the seat's lease
-        (contract 8).
+        what `stop` undoes. `guard` says why this process may not make a write now ("" when it may): the seat's lease
+        (contract 8), or its key's shard's (8.1). `owns` says which nodes this process composes, a partitioned seat's
+        (8.1); None: every node.
         """
         attached = Attachment.open(config, nc=nc, loop=loop)
         thread, nc = attached.loop, attached.nc
@@ -139,14 +143,12 @@ class Runtime:
         if clock is not None:
             seat._clock = clock
         seat.store.guard = guard
+        seat.scope(owns)
         try:
             thread.run(ensure_config_buckets(nc, config), config_buckets_wait(config))
             thread.run(seat.cache.start(), config.request_timeout)
             thread.run(seat.cache.wait_synced(), config.request_timeout * 6)
-            seat._retire_needs()
-            if config.registry:  # no file: the registry is left as it is (4.1)
-                seat._registry = RegistryWriter(config.registry, seat.store, seat.view)
-                thread.run(seat._registry.write(), config.work_timeout)
+            seat._first_shard()
             for key in not_nodes(seat.view):
                 seat.router.no_node(key)
             seat._subs.append(thread.run(seat.asks.subscribe_decided(seat._decided), config.request_timeout))
@@ -157,6 +159,42 @@ class Runtime:
             seat.stop()
             raise
         return seat
+
+    def scope(self, owns: Callable[[str], bool] | None) -> None:
+        """Compose only the nodes `owns` says (a partitioned seat's shards, contract 8.1); None: every node."""
+        self.writes_on = owns
+        self.router.writes_on = owns
+        self.dispatcher.scope = None if owns is None else (lambda j: owns(j[1].partition(".")[0]))
+
+    def took(self, nodes: Callable[[str], bool]) -> None:
+        """Shards were taken (contract 8.1): the nodes `nodes` says are composed and their keys judged from the bus, as
+        a restart would; the registry and the retired needs are written when the first shard is among them."""
+        self._first_shard()
+        for name in self.supervisor.children():
+            if not name.startswith("node:"):
+                self.tell(name, Resync())
+        for node in sorted(known_nodes(self.view)):
+            if nodes(node):
+                name = f"node:{node}"
+                if self.supervisor.has(name):
+                    self.tell(name, Resync())
+                else:
+                    self._node(node)
+
+    def _first_shard(self) -> None:
+        """The registry and the retired needs, written by the holder of shard 0 alone (contract 8.1), once a holding."""
+        if self._registry_done or not self._may_write(NEEDS):
+            return
+        self._registry_done = True
+        self._retire_needs()
+        if self.config.registry:  # no file: the registry is left as it is (4.1)
+            self._registry = RegistryWriter(self.config.registry, self.store, self.view)
+            self.loop.run(self._registry.write(), self.config.work_timeout)
+
+    def _may_write(self, state: str) -> bool:
+        """Whether the guard lets a write of a state through now (its shard's lease held, 8.1)."""
+        guard = self.store.guard
+        return guard is None or not guard(Put(state, "default", b"", 0))
 
     def _retire_needs(self) -> None:
         """`needs` is retired: every key of it is deleted when the seat is taken, and the count logged (4.1)."""
@@ -182,7 +220,8 @@ class Runtime:
             started.append(f"bound:{provider}")
             self.supervisor.add(f"bound:{provider}", partial(BoundActor.start, provider, self, self.in_flight,
                                                                retries=retries), started=False)
-        order = providers_first(self.view, known_nodes(self.view))
+        owns = self.writes_on or (lambda _: True)
+        order = providers_first(self.view, {n for n in known_nodes(self.view) if owns(n)})
         self._priority = {node: i for i, node in enumerate(order)}
         for node in order:
             started.append(self._node(node, started=False))
@@ -190,7 +229,8 @@ class Runtime:
         for name in started:
             self._started(name)
         for node in sorted(known_nodes(self.view)):  # a node that appeared while the others started
-            self._node(node)
+            if owns(node):
+                self._node(node)
 
     def _node(self, node: str, *, started: bool = True) -> str:
         """The name of a node's actor, started (and told to resynchronise, unless not `started`) when it has none."""

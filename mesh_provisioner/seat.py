@@ -26,9 +26,11 @@ from mesh_provisioner.bus.connection import (
 )
 from mesh_provisioner.bus.lease import SeatLease
 from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.bus.shards import ShardLeases
 from mesh_provisioner.bus.verb import serve_verb
 from mesh_provisioner.config import Config
 from mesh_provisioner.metrics import HttpEndpoint, Metrics
+from mesh_provisioner.rules.shards import in_shards
 from mesh_provisioner.runtime import Runtime
 
 log = logging.getLogger("mesh_provisioner.seat")
@@ -65,8 +67,8 @@ class LeaseKeeper:
             self._thread.join()
 
     def _renew(self) -> None:
-        every = self.seat.config.lease_seconds / 4
         lease = self.seat.lease
+        every = lease.renew_every
         while not self._stop.wait(every):
             try:
                 if self.seat.lease_loop.run(lease.renew(), max(lease.left(), every)):
@@ -117,7 +119,8 @@ class Seat:
             # a short lease.
             self.lease_nc = self.lease_loop.run(connect_config(config, name=LEASE_CONNECTION),
                                                 config.request_timeout * 3)
-            self.lease = SeatLease(self.lease_nc, config.lease_seconds)
+            self.lease = (ShardLeases(self.lease_nc, config.shards, config.lease_seconds) if config.shards > 1
+                          else SeatLease(self.lease_nc, config.lease_seconds))
             changed = self.lease_loop.run(self.lease.ensure_age(), config.request_timeout)
             if changed:
                 log.warning("%s", changed)
@@ -149,6 +152,8 @@ class Seat:
         if not self.connected:
             return self.waiting
         if not self.lease.held:
+            if isinstance(self.lease, ShardLeases):
+                return "this process holds no shard of the seat (every shard is held by others): it waits for one"
             return "this process does not hold the seat's lease (a standby): it waits for the lease"
         sup = self.supervisor
         if sup is None or not sup.cache.synced:
@@ -159,7 +164,7 @@ class Seat:
         """Wait until this process holds the lease (True), or stop is set, the timeout passes or the connection is
         closed for good (False)."""
         waited = 0.0
-        every = self.config.lease_seconds / 5
+        every = self.lease.poll_every
         announced = False
         while not stop.is_set() and not self.closed():
             try:
@@ -185,9 +190,13 @@ class Seat:
         """
         keeper = LeaseKeeper(self)
         keeper.start()
+        shards = self.lease if isinstance(self.lease, ShardLeases) else None
+        if shards is not None:
+            shards.taken()  # every shard held now is composed from the start
         try:
             sup = Runtime.start(
-                self.config, nc=self.nc, loop=self.loop.loop, guard=self.lease.guard, metrics=self.metrics
+                self.config, nc=self.nc, loop=self.loop.loop, guard=self.lease.guard,
+                owns=shards.owns if shards is not None else None, metrics=self.metrics,
             )
         except BaseException:
             keeper.stop()
@@ -209,6 +218,9 @@ class Seat:
                 if keeper.lost.is_set():
                     why = keeper.why
                     break
+                taken = shards.taken() if shards is not None else set()
+                if taken and shards is not None:
+                    sup.took(in_shards(taken, shards.shards))
         finally:
             if verb is not None:
                 with contextlib.suppress(Exception):  # a bus that is gone has no service left to stop

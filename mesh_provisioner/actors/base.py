@@ -51,6 +51,8 @@ class Workplace(Protocol):
     view: View
     metrics: Metrics
     dispatcher: Dispatcher
+    writes_on: Callable[[str], bool] | None
+    """The nodes whose keys this seat writes (a partitioned seat's shards, contract 8.1); None: every node's."""
 
     def apply(self, writes: list[Write], writers: Mapping[tuple[str, str], Judgment]) -> WriteResult:
         """Apply writes by compare-and-set, in order, stopping at the first conflict; `writers` names the judgment
@@ -233,7 +235,7 @@ class SeatActor(pykka.ThreadingActor):
         writers: dict[tuple[str, str], Judgment] = {}
         for j, since in items:
             reads = self.seat.reads()
-            judged = rejudge(reads, j[1], now)
+            judged = rejudge(reads, j[1], now, self.seat.writes_on)
             runs.append((j, since, reads, judged))
             for w in judged.writes:
                 writes.append(w)
@@ -256,7 +258,7 @@ class SeatActor(pykka.ThreadingActor):
 
         def judge() -> tuple[list[Write], Mapping[tuple[str, str], Judgment]]:
             reads = self.seat.reads()
-            judged = rejudge(reads, key, self.seat.now())
+            judged = rejudge(reads, key, self.seat.now(), self.seat.writes_on)
             last[:] = [reads, judged.said]
             return judged.writes, {(w.state, w.key): j for w in judged.writes}
 

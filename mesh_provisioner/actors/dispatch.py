@@ -44,10 +44,15 @@ class _Run:
 class Dispatcher:
     """Read sets, the index of who read what, and the queue of judgments each actor has to run."""
 
-    def __init__(self, kick: Callable[[str], bool]) -> None:
+    def __init__(self, kick: Callable[[str], bool], scope: Callable[[Judgment], bool] | None = None) -> None:
         """`kick(actor)` tells an actor to take its queue (a `Tick`); False when the actor cannot hear it now (it
-        is down, waiting for its restart): `kick` is then called again by `restarted`."""
+        is down, waiting for its restart): `kick` is then called again by `restarted`.
+
+        `scope` says which judgments this seat runs (a partitioned seat's, those of the nodes its shards hold:
+        contract 8.1); None: all. One out of scope is never queued, and one queued when its node left the scope is
+        dropped when taken: the process that holds the node now runs it."""
         self._kick = kick
+        self.scope = scope
         self._lock = threading.Lock()
         # Kept small, a key's judgment each (design.md: 2 KiB a key): one shared tuple per token (`_tokens`, each
         # forgotten once nothing reads it), a read set as a tuple of them, and a token's readers as the one judgment
@@ -124,6 +129,8 @@ class Dispatcher:
 
     def _queue(self, j: Judgment, actor: str, at: float, kicks: list[str]) -> None:
         """Queue a judgment at an actor, unless it waits already (then it keeps its place and its earliest wake)."""
+        if self.scope is not None and not self.scope(j):
+            return
         if j in self._queued:
             pending = self._pending[self._queued[j]]
             first = pending[j]
@@ -149,6 +156,10 @@ class Dispatcher:
         with self._lock:
             self._ticked.discard(actor)
             pending = self._pending.pop(actor, {})
+            scope = self.scope
+            for j in [j for j in pending if scope is not None and not scope(j)]:
+                del self._queued[j]
+                del pending[j]
             for j, since in pending.items():
                 del self._queued[j]
                 self._running[j] = _Run(actor, since, self._count)

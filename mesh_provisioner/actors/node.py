@@ -19,7 +19,10 @@ from mesh_provisioner.contract import PROVISIONS
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import ComposeNode
 from mesh_provisioner.messages.writes import Write
+from mesh_provisioner.rules.keys import node_of
 from mesh_provisioner.rules.node import compose_node
+from mesh_provisioner.rules.view import View
+from mesh_provisioner.rules.writing import provision_of
 
 log = logging.getLogger("mesh_provisioner.actors.node")
 
@@ -58,7 +61,12 @@ class NodeActor(SeatActor):
         restart, a judgment lost with what was queued would otherwise wait for its next change.
         """
         view = self.seat.view
-        keys = set(view.keys(PROVISIONS, self.node)) | view.provided_on(self.node)
+        provided = view.provided_on(self.node)
+        keys = set(view.keys(PROVISIONS, self.node)) | provided
+        if self.seat.writes_on is not None:
+            # A shared credential of this node that only keys of nodes another process writes depend on may not exist
+            # yet: this node's writer makes it (contract 8.1, rules/node.py `shared_credential`).
+            keys |= {d for u in provided for d in _depends_on(view, u)[:1] if node_of(d) == self.node}
         return [(COMPOSE, self.node), *((JUDGE, key) for key in sorted(keys))]
 
     def compose(self, node: str, since: float = 0.0) -> r.Composed:
@@ -68,7 +76,7 @@ class NodeActor(SeatActor):
 
         def judge() -> tuple[list[Write], Mapping[tuple[str, str], Judgment]]:
             reads = self.seat.reads()
-            done = compose_node(reads, node, self.seat.now())
+            done = compose_node(reads, node, self.seat.now(), self.seat.writes_on)
             last[:] = [reads, done.composed]
             return done.writes, {(w.state, w.key): j for w in done.writes}
 
@@ -90,3 +98,9 @@ class NodeActor(SeatActor):
         if composed and log.isEnabledFor(logging.INFO):  # encoded only for a log that is kept
             log.info("composed %s: %s", node, r.encode(composed).decode())
         return composed
+
+
+def _depends_on(view: View, key: str) -> tuple[str, ...]:
+    """What a provision key depends on, as the bus says; nothing when it does not decode."""
+    p, _ = provision_of(view, key)
+    return p.depends_on if p is not None else ()

@@ -32,6 +32,8 @@ class Router:
         self.dispatcher = dispatcher
         self.view = view
         self.bound_reads = frozenset(bound_reads)
+        # The nodes whose keys this seat writes (a partitioned seat's, contract 8.1); None: every node's.
+        self.writes_on: Callable[[str], bool] | None = None
         self._no_nodes: set[str] = set()  # placement keys said to be no node (section 7), each said once
 
     def no_node(self, key: str) -> None:
@@ -66,6 +68,13 @@ class Router:
             waits = p is not None and p.state == r.RETIRING and bool(p.ask) and p.warrant is None
             if waits and not self.dispatcher.knows((LOOK, key)):
                 self.dispatcher.add([(LOOK, key)], ASKER)
+            others = self.writes_on is not None and not self.writes_on(group_of(state, key))
+            if p is not None and p.depends_on and others:
+                # A key another process writes depends on a credential first: if that is a shared one of a node this
+                # process writes, it is made here (contract 8.1, rules/node.py `shared_credential`).
+                cred = p.depends_on[0]
+                if not self.dispatcher.knows((JUDGE, cred)):
+                    self.dispatcher.add([(JUDGE, cred)], route)
 
     def route(self, state: str, key: str, j: Judgment) -> str:
         """The actor that runs a judgment a change of `state` at `key` woke.
@@ -85,6 +94,7 @@ class Router:
         if provider != state and provider in self.bound_reads:
             return f"bound:{provider}"
         node = group_of(state, key)
-        if state in (MODULES, MANIFESTS, BUILDS, ASK_RECORDS) or not is_token(node):
+        mine = self.writes_on is None or not is_token(node) or self.writes_on(node)
+        if state in (MODULES, MANIFESTS, BUILDS, ASK_RECORDS) or not is_token(node) or not mine:
             node = subject.split(".", 1)[0]
         return f"node:{node}" if is_token(node) else ASKER

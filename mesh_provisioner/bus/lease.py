@@ -23,6 +23,7 @@ from nats.aio.client import Client
 from mesh_provisioner.bus.connection import open_bucket, stream_of
 from mesh_provisioner.contract import HOLDER_KEY, LEASE_SECONDS, SEAT, bucket
 from mesh_provisioner.messages import records as r
+from mesh_provisioner.messages.writes import Write
 
 log = logging.getLogger("mesh_provisioner.bus.lease")
 
@@ -48,6 +49,17 @@ class SeatLease:
         return r.Lease(holder=self.holder, host=socket.gethostname(), pid=os.getpid(), since=since)
 
     @property
+    def renew_every(self) -> float:
+        """How often the lease is renewed: a quarter of the lease time, well inside it."""
+        return self.seconds / 4
+
+    @property
+    def poll_every(self) -> float:
+        """How often a process that holds no lease asks for it: a fifth of the lease time, so that a killed holder's
+        lease is taken within the lease time and a fifth."""
+        return self.seconds / 5
+
+    @property
     def held(self) -> bool:
         """Whether this process holds the lease now, with the safety margin."""
         return time.monotonic() < self._deadline
@@ -60,9 +72,13 @@ class SeatLease:
         """Count the lease as lapsed now: a renewal that did not answer in time stops every write at once."""
         self._deadline = 0.0
 
-    def guard(self) -> str:
-        """Why this process may not write the seat's states ("" while it holds the lease)."""
+    def guard(self, write: Write | None = None) -> str:
+        """Why this process may not make a write of the seat's states ("" while it holds the lease)."""
         return "" if self.held else "this process does not hold the seat's lease"
+
+    def owns(self, node: str) -> bool:
+        """Whether this process composes a node: every node, one lease holding them all (contract 8)."""
+        return True
 
     async def take(self) -> bool:
         """Take the lease if no one holds it; answers whether this process holds it now."""

@@ -89,7 +89,7 @@ class Store:
         self.writes = 0
         self.conflicts = 0
         # Only the seat's holder writes its states (contract section 8): the guard says why not, "" when it may.
-        self.guard: Callable[[], str] | None = None
+        self.guard: Callable[[Write], str] | None = None
         self.errors = 0
         self._timeout = timeout
         self._js = nc.jetstream(timeout=timeout)
@@ -111,7 +111,7 @@ class Store:
         messages: list[tuple[str, bytes, dict[str, str]]] = []
         stop = ""
         for write in writes:
-            barred = self.guard() if self.guard is not None else ""
+            barred = self.guard(write) if self.guard is not None else ""
             if barred:
                 stop = f"{_what(write)} is not made: {barred}"
                 break
@@ -124,7 +124,8 @@ class Store:
                 stop = f"{_what(write)} failed: {type(err).__name__}: {err}".rstrip(": ")
                 break
             batch.append(write)
-        barred = self.guard() if self.guard is not None and messages else ""
+        guard = self.guard
+        barred = next((why for w in batch if (why := guard(w))), "") if guard is not None else ""
         if barred:
             # Making the messages may have waited on the bus (a bucket opened on a slow or frozen server), long
             # enough for the lease to lapse: asked again as they go out, none goes out without it (contract 8).
@@ -207,7 +208,7 @@ class Store:
         if isinstance(write, Put) and write.revision == 0:
             marker = await self._deleted_at(write)
             # Made again only with the lease: the answer and the marker were waited for (contract 8).
-            barred = self.guard() if self.guard is not None else ""
+            barred = self.guard(write) if self.guard is not None else ""
             if marker and barred:
                 raise WriteRefused(f"{_what(write)} is not made again on its delete marker: {barred}")
             if marker:

@@ -95,6 +95,10 @@ OPTIONS: Final = (
            "compositions at once; 0: no bound, 1: one node at a time", whole, "N"),
     CliOption("--lease-seconds", "MESH_PROVISIONER_LEASE_SECONDS", "lease_seconds",
            "the seat's lease time, the max age of its lease bucket (at least 2)", number, "SECONDS"),
+    CliOption("--shards", "MESH_PROVISIONER_SHARDS", "shards",
+           "the mesh's shard count: more than 1 lets several seat processes share the mesh, each composing the "
+           "nodes of the shards it holds (every process of a mesh the same; default 1, one process holds it all)",
+           whole, "N"),
     CliOption("--replicas", "MESH_PROVISIONER_REPLICAS", "replicas",
            "servers of a JetStream cluster that keep each bucket the seat creates (1 to 5)", whole, "N"),
     CliOption("--router-key", "MESH_PROVISIONER_ROUTER_KEY", "router_key",

@@ -113,8 +113,13 @@ def depends_on(
     return tuple(out)
 
 
-def compose_node(view: View, node: str, now: datetime) -> Result:
-    """Compose one node: its refusals, its plans, and every provision either composition needs (5.2)."""
+def compose_node(view: View, node: str, now: datetime, writes_on: Callable[[str], bool] | None = None) -> Result:
+    """Compose one node: its refusals, its plans, and every provision either composition needs (5.2).
+
+    `writes_on` says which nodes' keys this seat writes (contract 8.1; None: every node's). A provider's shared
+    credential on a node it does not write is left to that node's writer, which judges it from the keys that depend
+    on it (`rejudge`): the fixed point is the same, only who writes the key differs.
+    """
     out = r.Composed(node=node)
     no_node = not_a_node(node)
     if no_node:
@@ -184,7 +189,7 @@ def compose_node(view: View, node: str, now: datetime) -> Result:
                 )
                 if cnode == node:
                     needed.setdefault(cred, credential)
-                else:
+                elif writes_on is None or writes_on(cnode):
                     elsewhere[cred] = credential
     _judge_elsewhere(writes, elsewhere, now, out)
     _judge_node(writes, node, needed, held_at_wants, now, out)
@@ -236,13 +241,42 @@ def _write_plans(
 def _judge_elsewhere(writes: Writes, needed: dict[str, r.Provision], now: datetime, out: r.Composed) -> None:
     """Judge each needed key of another node (a provider's shared credential); that node keeps it while needed."""
     for key, want in sorted(needed.items()):
-        have, _ = provision_of(writes.view, key)
-        kept = want if have is None else msgspec.structs.replace(want, reference=have.reference)
-        nxt = outcome(writes.view, key, kept)
-        if have is not None and same(have, nxt):
+        said = _judge_shared(writes, key, want, now)
+        if said:
+            out.provisions_changed.append(said)
+
+
+def _judge_shared(writes: Writes, key: str, want: r.Provision, now: datetime) -> str:
+    """Bring a provider's shared credential to what its provider says of it, its reference kept; answers what
+    changed ("" when nothing did)."""
+    have, _ = provision_of(writes.view, key)
+    kept = want if have is None else msgspec.structs.replace(want, reference=have.reference)
+    nxt = outcome(writes.view, key, kept)
+    if have is not None and same(have, nxt):
+        return ""
+    writes.provision(key, nxt, now)
+    return f"{key} {nxt.state}"
+
+
+def shared_credential(view: View, key: str, writes_on: Callable[[str], bool]) -> r.Provision | None:
+    """The provision a provider's shared credential is, as a key depending on it from a node this seat does not
+    write says (section 4: its consumer is the provider, its provider the vault); None when no such key depends on
+    it, or no node runs mesh-vault. Such a key's own composition cannot write the credential (contract 8.1)."""
+    vault = vault_node(view)
+    if not vault:
+        return None
+    for user in sorted(view.dependents(key)):
+        if writes_on(k.node_of(user)):
             continue
-        writes.provision(key, nxt, now)
-        out.provisions_changed.append(f"{key} {nxt.state}")
+        p, _ = provision_of(view, user)
+        if p is None or not p.depends_on or p.depends_on[0] != key:
+            continue
+        if k.credential_key("shared", p.consumer, p.provider, p.provision, p.local) != key:
+            continue
+        cnode, cmodule, cprovision, clocal = k.parse_provision_key(key)
+        return r.Provision(provision=cprovision, local=clocal, consumer=r.End(module=cmodule, node=cnode),
+                           provider=r.End(module=VAULT_MODULE, node=vault))
+    return None
 
 
 def _judge_node(
@@ -338,12 +372,20 @@ def _ask(key: str, p: r.Provision, now: datetime, out: r.Composed) -> r.Provisio
     return asked
 
 
-def rejudge(view: View, key: str, now: datetime) -> Judged:
-    """Set one key's state again from its provider's outcome; a retiring key whose provider let it go is deleted."""
+def rejudge(view: View, key: str, now: datetime, writes_on: Callable[[str], bool] | None = None) -> Judged:
+    """Set one key's state again from its provider's outcome; a retiring key whose provider let it go is deleted.
+
+    With `writes_on` (a partitioned seat, contract 8.1), a provider's shared credential that a key of a node this
+    seat does not write depends on is judged here as that key's composition would judge it, made when missing.
+    """
+    writes = Writes(view)
+    want = shared_credential(view, key, writes_on) if writes_on is not None else None
+    if want is not None:
+        said = _judge_shared(writes, key, want, now)
+        return Judged(said, writes.done())
     have, _ = provision_of(view, key)
     if have is None:
         return Judged()
-    writes = Writes(view)
     if have.state == r.RETIRING:
         gone = retired(view, key, have)
         if not gone:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 
 import msgspec
@@ -46,14 +46,14 @@ class ComposeSpy:
         self.entered[node] = threading.Event()
         return gate
 
-    def __call__(self, view: View, node: str, now: datetime) -> Result:
+    def __call__(self, view: View, node: str, now: datetime, writes_on: Callable[[str], bool] | None = None) -> Result:
         with self.lock:
             self.running[node] += 1
             self.count[node] += 1
             self.most[node] = max(self.most[node], self.running[node])
         try:
             # Held after it read the view: a change arriving while it is held is not in what it writes.
-            result: Result = self.real(view, node, now)  # type: ignore[operator]
+            result: Result = self.real(view, node, now, writes_on)  # type: ignore[operator]
             gate = self.gates.get(node)
             if gate is not None:
                 self.entered[node].set()
@@ -166,11 +166,11 @@ def test_a_composition_asked_for_that_fails_loses_no_pending_change(
     wait_until(lambda: sup.view.get(WANTS, "want.bee.mailer") is not None, HOLD, what="the change in the cache")
     real, before, failed = spy.real, spy.count["bee"], []
 
-    def fails_once(view: View, node: str, now: datetime) -> Result:
+    def fails_once(view: View, node: str, now: datetime, writes_on: Callable[[str], bool] | None = None) -> Result:
         if node == "bee" and spy.count["bee"] == before + 1 and not failed:  # the asked composition, after the held
             failed.append(node)
             raise TimeoutError("the bus did not answer in time")
-        result: Result = real(view, node, now)  # type: ignore[operator]
+        result: Result = real(view, node, now, writes_on)  # type: ignore[operator]
         return result
 
     spy.real = fails_once

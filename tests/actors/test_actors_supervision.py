@@ -59,11 +59,11 @@ def test_a_child_whose_work_raises_is_restarted(
     real = node_actor.compose_node
     failures = []
 
-    def fails_once(view: Any, node: str, now: Any) -> Any:
+    def fails_once(view: Any, node: str, now: Any, writes_on: Any = None) -> Any:
         if node == "bee" and not failures:
             failures.append(node)
             raise RuntimeError("a bug in a rule")
-        return real(view, node, now)
+        return real(view, node, now, writes_on)
 
     sup = seats.start(seat_config(mesh.url))
     settle(sup)
@@ -220,7 +220,7 @@ def test_a_write_that_failed_for_another_reason_than_a_conflict_is_made_again(me
     # failed piece of work comes back after its backoff and lands once writes go through, with no change on the bus.
     refusing = threading.Event()
     refusing.set()
-    def guard() -> str:
+    def guard(write: object) -> str:
         return "the bus is briefly unavailable" if refusing.is_set() else ""
 
     sup = seats.start(seat_config(mesh.url), guard=guard)

@@ -25,7 +25,7 @@ def test_a_lease_lapsed_while_the_batch_was_made_stops_it(
     loop.run(ensure_buckets(nc.jetstream(), SEAT_STATES), 10)
     store = Store(nc)
     held = [True]
-    store.guard = lambda: "" if held[0] else "this process does not hold the seat's lease"
+    store.guard = lambda _: "" if held[0] else "this process does not hold the seat's lease"
     real = Store._bucket
 
     async def opened_slowly(self: Store, state: str) -> Any:
@@ -52,7 +52,7 @@ def test_a_create_made_again_on_a_delete_marker_asks_the_guard_again(
     ((_, revision),) = made.done
     assert loop.run(store.apply([Delete(REFUSED, "bee.webapp", revision)]), 10).ok
     held = [True]
-    store.guard = lambda: "" if held[0] else "this process does not hold the seat's lease"
+    store.guard = lambda _: "" if held[0] else "this process does not hold the seat's lease"
     real = Store._deleted_at
 
     async def marker_found_late(self: Store, write: Any) -> int:

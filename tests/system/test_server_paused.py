@@ -23,8 +23,8 @@ def hold_composition_of_bee(monkeypatch: pytest.MonkeyPatch) -> Events:
     real = node_actor.compose_node
     read, gate, done = threading.Event(), threading.Event(), threading.Event()
 
-    def held_after_reading(view: Any, node: str, now: Any) -> Any:
-        result = real(view, node, now)
+    def held_after_reading(view: Any, node: str, now: Any, writes_on: Any = None) -> Any:
+        result = real(view, node, now, writes_on)
         if node == "bee" and not gate.is_set():
             read.set()
             assert gate.wait(30)

@@ -1,0 +1,254 @@
+"""A partitioned seat's leases (contract 8.1): the `shard.<i>` keys of `mesh-provisioner.seat` this process holds.
+
+Each shard's lease is the seat's lease (bus/lease.py) for the nodes of one shard: created when free, renewed by
+compare-and-set a quarter of the lease time apart, aged out by the bucket when its holder stops, deleted on a
+clean exit or when it is given to a process that joined. A process announces itself under `member.<holder>` first,
+so that the others count it live before it holds anything, and takes free shards up to its fair share of the live
+processes (rules/shards.py): NATS KV is the coordinator, there is none of our own.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js.kv import KeyValue
+
+from mesh_provisioner.bus.connection import open_bucket
+from mesh_provisioner.bus.lease import SAFETY, SeatLease
+from mesh_provisioner.bus.watch import content, drop_watch, first_values
+from mesh_provisioner.contract import LEASE_SECONDS, MEMBER_KEY_PREFIX, SEAT
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.messages.writes import Write
+from mesh_provisioner.rules.shards import member_key, parse_shard_key, rebalance, shard_key, shard_of, shard_of_write
+
+log = logging.getLogger("mesh_provisioner.bus.shards")
+
+_BUS_ERRORS = (nats.errors.Error, nats.js.errors.Error, TimeoutError)
+
+
+class ShardLeases(SeatLease):
+    """The shards this process holds, each with its own revision and deadline; the seat's lease for their nodes."""
+
+    def __init__(self, nc: Client, shards: int, seconds: float = LEASE_SECONDS, *, holder: str = "") -> None:
+        super().__init__(nc, seconds, holder=holder)
+        self.shards = shards
+        self._taken: set[int] = set()  # shards taken since `taken` was last asked
+        self._revisions: dict[int, int] = {}  # each shard held: the revision this process wrote
+        self._deadlines: dict[int, float] = {}  # each shard held: monotonic time until which this process writes it
+        self._renewed: dict[int, float] = {}  # each shard held: when its lease was last written
+
+    # ---- what this process may do now ---------------------------------------------------------------------
+
+    @property
+    def renew_every(self) -> float:
+        """How often the shards are looked at: each renewed when due (a quarter of the lease time), and free ones
+        taken, or ones past the fair share given back, within a second of a process leaving or joining."""
+        return min(self.seconds / 5, 1.0)
+
+    @property
+    def poll_every(self) -> float:
+        """How often a process holding no shard asks for one."""
+        return min(self.seconds / 5, 1.0)
+
+    @property
+    def held(self) -> bool:
+        """Whether this process holds any shard now, with the safety margin."""
+        now = time.monotonic()
+        return any(now < d for d in self._deadlines.values())
+
+    def mine(self) -> list[int]:
+        """The shards this process holds now, in order."""
+        now = time.monotonic()
+        return sorted(s for s, d in self._deadlines.items() if now < d)
+
+    def left(self) -> float:
+        """Seconds until the first of this process's shards counts as lapsed; 0 when it holds none."""
+        now = time.monotonic()
+        return max(min((d - now for d in self._deadlines.values()), default=0.0), 0.0)
+
+    def lapse(self) -> None:
+        """Count every shard as lapsed now."""
+        self._deadlines = dict.fromkeys(self._deadlines, 0.0)
+
+    def taken(self) -> set[int]:
+        """The shards taken since this was last asked: their nodes are to be composed from the bus (8.1)."""
+        taken, self._taken = self._taken, set()
+        return taken
+
+    def owns(self, node: str) -> bool:
+        """Whether this process composes a node now: its shard is held (contract 8.1)."""
+        return time.monotonic() < self._deadlines.get(shard_of(node, self.shards), 0.0)
+
+    def guard(self, write: Write | None = None) -> str:
+        """Why this process may not make a write ("" when it may): its key's shard is not held (contract 8.1)."""
+        if write is None:
+            return "" if self.held else "this process holds no shard of the seat"
+        shard = shard_of_write(write.state, write.key, self.shards)
+        if shard is None:
+            return f"{write.state} is not a state of the seat"
+        if time.monotonic() < self._deadlines.get(shard, 0.0):
+            return ""
+        return f"this process does not hold shard {shard} of the seat"
+
+    # ---- taking, renewing, giving back ----------------------------------------------------------------------
+
+    async def take(self) -> bool:
+        """Announce this process, then take free shards up to its fair share; answers whether it holds any."""
+        kv, _ = await open_bucket(self.nc.jetstream(), SEAT)
+        await self._announce(kv)
+        await self._rebalance(kv)
+        return self.held
+
+    async def renew(self) -> bool:
+        """Renew each shard due (a quarter of the lease time after its last renewal), then rebalance: take free
+        shards up to the fair share, give back those past it. Answers False when this process holds no shard now.
+
+        A shard whose renewal fails is lost alone: its writes stop at once, the others' go on.
+        """
+        try:
+            kv, _ = await open_bucket(self.nc.jetstream(), SEAT)
+        except _BUS_ERRORS as err:
+            log.warning("the seat's shards are not renewed (%s)", err or type(err).__name__)
+            self._forget_lapsed()
+            return self.held
+        due = time.monotonic() - self.seconds / 4
+        lost = []
+        for shard in [s for s, at in self._renewed.items() if at <= due]:
+            asked = time.monotonic()
+            try:
+                self._revisions[shard] = await kv.update(shard_key(shard), r.encode(self.record()),
+                                                         last=self._revisions[shard])
+            except _BUS_ERRORS as err:
+                log.warning("shard %d's lease is not renewed (%s): this process stops writing its nodes", shard,
+                            err or type(err).__name__)
+                lost.append(shard)
+                continue
+            self._deadlines[shard] = asked + self.seconds * (1 - SAFETY)
+            self._renewed[shard] = asked
+        for shard in lost:
+            self._drop(shard)
+        try:
+            await self._announce(kv)
+            await self._rebalance(kv)
+        except _BUS_ERRORS as err:
+            log.warning("the seat's shards are not rebalanced (%s)", err or type(err).__name__)
+        self._forget_lapsed()
+        return self.held
+
+    async def give_back(self) -> None:
+        """Delete every shard lease and the member key of this process (a clean exit): others take them at once."""
+        held = dict(self._revisions)
+        for shard in list(held):
+            self._drop(shard)
+        try:
+            kv, _ = await open_bucket(self.nc.jetstream(), SEAT)
+            for shard, revision in sorted(held.items()):
+                await _delete(kv, shard_key(shard), revision)
+            await kv.delete(member_key(self.holder))
+        except _BUS_ERRORS as err:
+            log.info("the seat's shards are not given back (%s); they age out", err or type(err).__name__)
+            return
+        if held:
+            log.info("gave shards %s of the seat back", _listed(sorted(held)))
+
+    async def _announce(self, kv: KeyValue) -> None:
+        """Say this process is live (`member.<holder>`), renewed with its leases; it ages out with them."""
+        await kv.put(member_key(self.holder), r.encode(self.record()))
+
+    async def _rebalance(self, kv: KeyValue) -> None:
+        """Take free shards up to the fair share and give back those past it (rules/shards.py `rebalance`)."""
+        holders, members = await self._read(kv)
+        for shard, holder in holders.items():
+            if holder != self.holder and shard in self._revisions:
+                self._drop(shard)  # someone else holds it: ours lapsed and was taken
+        take, give = rebalance(self.shards, self.holder, holders, members)
+        taken: list[int] = []
+        for shard in take:
+            asked = time.monotonic()
+            lease = self.record()  # since this process first took a shard, held since without a break
+            try:
+                revision = await kv.create(shard_key(shard), r.encode(lease))
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue  # another process took it first
+            except nats.js.errors.APIError as err:
+                if err.err_code in (10071, 10164):
+                    continue
+                raise
+            self._since = lease.since
+            self._revisions[shard] = revision
+            self._deadlines[shard] = asked + self.seconds * (1 - SAFETY)
+            self._renewed[shard] = asked
+            taken.append(shard)
+            self._taken.add(shard)
+        for shard in give:
+            revision = self._revisions.get(shard, 0)
+            self._drop(shard)  # no write of its nodes from now on, before another can take it
+            await _delete(kv, shard_key(shard), revision)
+        if taken:
+            log.info("this process holds shards %s of the seat (holder %s)", _listed(taken), self.holder)
+        if give:
+            log.info("gave shards %s of the seat back to the processes that joined", _listed(give))
+
+    async def _read(self, kv: KeyValue) -> tuple[dict[int, str], set[str]]:
+        """Who holds each shard now, and the processes announced live, as the bucket says."""
+        _, info = await open_bucket(self.nc.jetstream(), SEAT)
+        watcher = await kv.watchall()
+        try:
+            values = await first_values(watcher, SEAT, info.state.last_seq or 0, info.state.messages or 0,
+                                        self.seconds)
+        finally:
+            await drop_watch(self.nc, self.nc.jetstream(), info.config.name or "", watcher)
+        holders: dict[int, str] = {}
+        members: set[str] = set()
+        for key, entry in values.items():
+            value, _ = content(entry)
+            if value is None:
+                continue
+            lease = r.decode(r.Lease, value)
+            if lease is None:
+                log.warning("the seat's %s is not a lease: it is ignored", key)
+                continue
+            shard = parse_shard_key(key, self.shards)
+            if shard is not None:
+                holders[shard] = lease.holder
+            elif key.startswith(MEMBER_KEY_PREFIX):
+                members.add(lease.holder)
+        return holders, members
+
+    def _drop(self, shard: int) -> None:
+        self._revisions.pop(shard, None)
+        self._deadlines.pop(shard, None)
+        self._renewed.pop(shard, None)
+        if not self._revisions:
+            self._since = None  # holding nothing: a shard taken later is held since then
+
+    def _forget_lapsed(self) -> None:
+        """Forget the shards whose deadline passed: their keys age out or were taken."""
+        now = time.monotonic()
+        lapsed = [s for s, d in self._deadlines.items() if d <= now]
+        for shard in lapsed:
+            self._drop(shard)
+        if lapsed:
+            log.warning("shards %s of the seat lapsed: this process stops writing their nodes", _listed(lapsed))
+
+
+async def _delete(kv: KeyValue, key: str, revision: int) -> None:
+    """Delete a lease key this process wrote at `revision`; one someone else wrote since is left alone."""
+    if not revision:
+        return
+    try:
+        await kv.delete(key, last=revision)
+    except nats.js.errors.KeyWrongLastSequenceError:
+        pass
+    except nats.js.errors.APIError as err:
+        if err.err_code not in (10071, 10164):
+            raise
+
+
+def _listed(shards: list[int]) -> str:
+    """Shards as a short list for the log."""
+    return ", ".join(map(str, shards)) if len(shards) <= 8 else f"{shards[0]}..{shards[-1]} ({len(shards)})"
