@@ -66,7 +66,7 @@ class NodeActor(SeatActor):
         if self.seat.writes_on is not None:
             # A shared credential of this node that only keys of nodes another process writes depend on may not exist
             # yet: this node's writer makes it (contract 8.1, rules/node.py `shared_credential`).
-            keys |= {d for u in provided for d in _depends_on(view, u)[:1] if node_of(d) == self.node}
+            keys |= {d for u in provided for d in _depends_on(view, u)[:2] if node_of(d) == self.node}
         return [(COMPOSE, self.node), *((JUDGE, key) for key in sorted(keys))]
 
     def compose(self, node: str, since: float = 0.0) -> r.Composed:

@@ -70,11 +70,11 @@ class Router:
                 self.dispatcher.add([(LOOK, key)], ASKER)
             others = self.writes_on is not None and not self.writes_on(group_of(state, key))
             if p is not None and p.depends_on and others:
-                # A key another process writes depends on a credential first: if that is a shared one of a node this
-                # process writes, it is made here (contract 8.1, rules/node.py `shared_credential`).
-                cred = p.depends_on[0]
-                if not self.dispatcher.knows((JUDGE, cred)):
-                    self.dispatcher.add([(JUDGE, cred)], route)
+                # A key another process writes may depend on a shared credential of a node this process writes: it is
+                # made here (contract 8.1, rules/node.py `shared_credential`); the dispatcher keeps only our nodes'.
+                new_deps = [(JUDGE, d) for d in p.depends_on[:2] if not self.dispatcher.knows((JUDGE, d))]
+                if new_deps:
+                    self.dispatcher.add(new_deps, route)
 
     def route(self, state: str, key: str, j: Judgment) -> str:
         """The actor that runs a judgment a change of `state` at `key` woke.

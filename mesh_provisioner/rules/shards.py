@@ -51,10 +51,12 @@ def parse_shard_key(key: str, shards: int) -> int | None:
     return shard if shard < shards else None
 
 
-def fair_share(shards: int, members: int) -> int:
-    """The most shards one process holds while `members` processes are live: the count spread evenly, rounded up,
-    so that every shard has room with a holder."""
-    return -(-shards // max(members, 1))
+def fair_share(shards: int, members: int, rank: int = 0) -> int:
+    """The most shards the `rank`th of `members` live processes (in order of their ids) holds: the count spread
+    evenly, the first processes one more each while some are left over. The shares add up to the count exactly, so
+    that once every process took its share no process is left with none while another holds two more."""
+    members = max(members, 1)
+    return shards // members + (1 if rank < shards % members else 0)
 
 
 def in_shards(held: Collection[int], shards: int) -> Callable[[str], bool]:
@@ -73,11 +75,12 @@ def rebalance(
     processes starting together do not race for the same free shards, and every process reaches the same split.
     """
     live = sorted(set(members) | set(holders.values()) | {mine})
-    share = fair_share(shards, len(live))
-    start = live.index(mine) * share % shards
+    rank = live.index(mine)
+    share = fair_share(shards, len(live), rank)
+    start = sum(fair_share(shards, len(live), i) for i in range(rank)) % shards
     preferred = [*range(start, shards), *range(start)]  # this process's stretch first
-    rank = {s: i for i, s in enumerate(preferred)}
-    held = sorted((s for s, h in holders.items() if h == mine), key=rank.__getitem__)
+    place = {s: i for i, s in enumerate(preferred)}
+    held = sorted((s for s, h in holders.items() if h == mine), key=place.__getitem__)
     give = sorted(held[share:])
     free = [s for s in preferred if s not in holders]
     take = sorted(free[: max(share - len(held), 0)])

@@ -1,0 +1,184 @@
+"""A partitioned seat's rules (contract 8.1), pure: which shard a node is in, the fair share, and the fixed point of
+processes that each compose only the nodes of their shards, which must be `settle()`'s of one process."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mesh_provisioner.contract import NEEDS, PLANS, PROVISIONS, REFUSED, REGISTRY, SEAT
+from mesh_provisioner.rules.keys import node_of
+from mesh_provisioner.rules.memory_view import MemoryView
+from mesh_provisioner.rules.node import compose_node, rejudge
+from mesh_provisioner.rules.reads import known_nodes
+from mesh_provisioner.rules.settle import apply
+from mesh_provisioner.rules.shards import (
+    fair_share,
+    in_shards,
+    parse_shard_key,
+    rebalance,
+    shard_key,
+    shard_of,
+    shard_of_write,
+)
+from mesh_provisioner.rules.writing import provision_of
+from tests.support.differential import compare, expected, off_fixed_point
+from tests.support.meshgen import BOUND_READS, NOW, generate
+
+MESHES = int(os.environ.get("MESH_SHARD_MESHES", "120"))
+
+
+def test_8_1_a_node_is_in_the_shard_of_the_first_8_bytes_of_its_sha256_big_endian_modulo_s() -> None:
+    # Worked by hand from the contract's words for one name: every process of a mesh, in any language, agrees.
+    digest = hashlib.sha256(b"ace").hexdigest()
+    assert digest.startswith("2a0b6287a0e65cff")
+    assert shard_of("ace", 64) == int(digest[:16], 16) % 64 == 63
+    assert shard_of("ace", 1) == 0
+    assert {shard_of(f"n{i}", 8) for i in range(200)} == set(range(8))
+
+
+def test_8_1_keys_of_section_4_are_written_by_their_first_tokens_shard_and_the_registry_and_needs_by_shard_0() -> None:
+    for state in (PLANS, PROVISIONS, REFUSED):
+        assert shard_of_write(state, "ace.gitea.db", 64) == shard_of("ace", 64)
+    assert shard_of_write(REGISTRY, "default", 64) == 0
+    assert shard_of_write(NEEDS, "anything.at.all", 64) == 0
+    assert shard_of_write(SEAT, "holder", 64) is None
+
+
+def test_8_1_shard_lease_keys_are_shard_dot_i_of_this_count_only() -> None:
+    assert shard_key(7) == "shard.7"
+    assert parse_shard_key("shard.7", 64) == 7
+    for other in ("shard.64", "shard.07", "shard.", "shard.-1", "holder", "member.shard.1"):
+        assert parse_shard_key(other, 64) is None
+
+
+@pytest.mark.parametrize(("shards", "members", "shares"),
+                         [(64, 1, [64]), (64, 2, [32, 32]), (64, 3, [22, 21, 21]), (2, 3, [1, 1, 0])])
+def test_8_1_a_fair_share_is_the_shards_spread_evenly_adding_up_to_the_count(
+    shards: int, members: int, shares: list[int]
+) -> None:
+    assert [fair_share(shards, members, rank) for rank in range(members)] == shares
+
+
+def _rebalanced(shards: int, processes: list[str], holders: dict[int, str], order: list[str]) -> dict[int, str]:
+    """Each process in turn rebalances as it would at its renewal, over and over, until no one moves."""
+    for _ in range(4 * len(processes) + 4):
+        moved = False
+        for p in order:
+            take, give = rebalance(shards, p, holders, processes)
+            for s in give:
+                del holders[s]
+            for s in take:
+                assert s not in holders, "a process took a shard that is held"
+                holders[s] = p
+            moved = moved or bool(take or give)
+        if not moved:
+            return holders
+    raise AssertionError("the processes never stopped moving shards")
+
+
+@settings(max_examples=200, deadline=None)
+@given(shards=st.integers(1, 80), n=st.integers(1, 6), joiners=st.integers(0, 3), seed=st.integers(0, 2**16))
+def test_8_1_processes_take_free_shards_up_to_their_fair_share_and_give_back_when_others_join(
+    shards: int, n: int, joiners: int, seed: int
+) -> None:
+    rng = random.Random(seed)
+    first = [f"p{i}" for i in range(n)]
+    holders = _rebalanced(shards, first, {}, rng.sample(first, n))
+    assert set(holders) == set(range(shards)), "a shard has no holder"
+    assert max(Counter(holders.values()).values()) <= fair_share(shards, n)  # the first rank's share is the most
+    everyone = first + [f"q{i}" for i in range(joiners)]
+    holders = _rebalanced(shards, everyone, holders, rng.sample(everyone, len(everyone)))
+    counts = Counter(holders.values())
+    assert set(holders) == set(range(shards)), "a shard lost its holder when others joined"
+    assert max(counts.values()) <= fair_share(shards, len(everyone))
+    if shards >= len(everyone):
+        assert set(counts) == set(everyone), "a process that joined holds nothing"
+
+
+def _settle_partitioned(view: MemoryView, shards: int, owner: dict[int, str], rng: random.Random) -> list[str]:
+    """The processes of a partitioned seat, each composing only its shards' nodes and judging their keys (and the
+    shared credentials of its nodes that keys of others' nodes depend on), in a random order, to their fixed point.
+    Answers every write made by a process that does not hold its key's shard."""
+    processes = sorted(set(owner.values()))
+    wrong: list[str] = []
+    for _ in range(60):
+        wrote = 0
+        for p in rng.sample(processes, len(processes)):
+            mine = in_shards({s for s, h in owner.items() if h == p}, shards)
+            writes = []
+            for node in sorted(n for n in known_nodes(view) if mine(n)):
+                result = compose_node(view, node, NOW, mine)
+                apply(view, result.writes)
+                writes += result.writes
+            keys = {key for key in view.keys(PROVISIONS) if mine(node_of(key))}
+            for key in view.keys(PROVISIONS):
+                p_, _ = provision_of(view, key)
+                if not mine(node_of(key)) and p_ is not None:
+                    keys |= {d for d in p_.depends_on[:2] if mine(node_of(d))}
+            for key in sorted(keys):
+                judged = rejudge(view, key, NOW, mine)
+                apply(view, judged.writes)
+                writes += judged.writes
+            wrong += [f"{p} wrote {w.state} {w.key}" for w in writes if not mine(node_of(w.key))]
+            wrote += len(writes)
+        if not wrote:
+            return wrong
+    raise AssertionError("the partitioned processes never reached a fixed point")
+
+
+def test_8_1_processes_sharing_a_mesh_end_at_settles_fixed_point_and_write_only_their_shards_keys() -> None:
+    failed: dict[int, list[str]] = {}
+    for seed in range(1, MESHES + 1):
+        mesh = generate(seed)
+        rng = random.Random(seed)
+        view = MemoryView(BOUND_READS)
+        for i, ((state, key), value) in enumerate(sorted(mesh.inputs.items()), 1):
+            view.put(state, key, value, i)
+        shards = rng.choice([2, 3, 8])
+        processes = rng.randint(2, 3)
+        owner = {s: f"p{rng.randrange(processes)}" for s in range(shards)}
+        problems = _settle_partitioned(view, shards, owner, rng)
+        problems += compare(expected(mesh.inputs, NOW), view) + off_fixed_point(view, NOW)
+        if problems:
+            failed[seed] = problems
+    said = [f"seed {seed}:\n    " + "\n    ".join(ps[:6]) for seed, ps in list(failed.items())[:6]]
+    assert not failed, f"{len(failed)} of {MESHES} meshes end elsewhere when partitioned:\n" + "\n".join(said)
+
+
+def test_8_1_a_shared_credential_of_a_node_another_process_depends_on_is_made_by_its_own_nodes_writer() -> None:
+    # Without `shared_credential`, the credential's node never makes it, and the consumer's process may not.
+    found = 0
+    for seed in range(1, MESHES + 1):
+        mesh = generate(seed)
+        view = MemoryView(BOUND_READS)
+        for i, ((state, key), value) in enumerate(sorted(mesh.inputs.items()), 1):
+            view.put(state, key, value, i)
+        settled = expected(mesh.inputs, NOW)
+        for key in settled.keys(PROVISIONS):
+            p, _ = provision_of(settled, key)
+            if p is None or p.provider.module != "mesh-vault":
+                continue
+            users = {node_of(u) for u in settled.dependents(key)} - {node_of(key)}
+            if users:
+                found += 1
+                node = node_of(key)
+                again = MemoryView(BOUND_READS)
+                for i, ((state, k), value) in enumerate(sorted(mesh.inputs.items()), 1):
+                    again.put(state, k, value, i)
+                # Only the credential's node's process runs the rules after the consumers' nodes were composed by
+                # another process.
+                for n in sorted(users):
+                    apply(again, compose_node(again, n, NOW, lambda x, n=n: x == n).writes)
+                assert again.get(PROVISIONS, key) is None, "the consumers' process wrote another node's key"
+                apply(again, rejudge(again, key, NOW, lambda x, node=node: x == node).writes)
+                made, _ = provision_of(again, key)
+                assert made is not None, f"seed {seed}: {key} was not made by its node's writer"
+                break
+    assert found, "no mesh had a shared credential other nodes depend on: the test checks nothing"
