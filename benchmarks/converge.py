@@ -16,7 +16,12 @@ nats-server on loopback.
   `floor_ratio_vs_limit`, the most `ratio_vs_limit` the seat could reach here.
 - the cold start's ceiling on one interpreter (`benchmarks.floor.ceiling`): the N-node mesh's cache loaded once
   before the seat starts, its rules run alone in memory, and the fixed point's writes at the floor's CPU a write:
-  `ceiling_seconds`, the least CPU a cold start needs, and `ceiling_ratio_vs_limit`.
+  `ceiling_seconds`, the least CPU a cold start needs, and `ceiling_ratio_vs_limit`; `ratio_vs_ceiling`, the cold
+  start's seconds over it.
+- scale-out (`benchmarks.partitioned`): one process and two sharing the mesh (contract 8.1), each cold started,
+  driven to its saturation rate (`saturation_changes_per_s`) and measured at half of it: `scale_out_cold_start`,
+  `scale_out_saturation`, `p99_over_p50_half_saturation`, `ratio_vs_serial_p99_half_saturation`, and
+  `rss_two_over_one` (the two processes' peak RSS summed, over one process's).
 
 `--quick` makes everything small (a smoke run for the tests, not a measurement).
 """
@@ -39,15 +44,22 @@ from typing import Any
 import nats
 import nats.js.errors
 
-from benchmarks import seed_design, steady
+from benchmarks import partitioned, seed_design, steady
 from benchmarks.floor import bus_floor, cache_load, ceiling, rules_alone
+from benchmarks.harness import (
+    SeatProcess,
+    difference,
+    log,
+    provision_states_of,
+    put_states,
+    reset,
+    summary,
+)
 from benchmarks.mesh import generate, load
 from mesh_provisioner.bus.embedded import EmbeddedServer, server_binary
 from mesh_provisioner.config import Config
-from mesh_provisioner.contract import bucket
 
 SEED = 20261203
-ROOT = Path(__file__).resolve().parent.parent
 
 
 # ---- the bus ------------------------------------------------------------------------------------------------------
@@ -89,61 +101,7 @@ def put_limit(url: str, n: int, windows: tuple[int, ...] = (100, 250, 500, 1000,
     return {"kv_put_limit": max(by_window.values()), "kv_put_limit_by_window": by_window, "value_bytes": len(RECORD)}
 
 
-async def _reset(url: str) -> None:
-    """Delete every stream: the next mesh starts on an empty bus."""
-    nc = await nats.connect(url)
-    try:
-        js = nc.jetstream(timeout=60)
-        for info in await js.streams_info():
-            if info.config.name:
-                await js.delete_stream(info.config.name)
-    finally:
-        await nc.close()
-
-
-def reset(url: str) -> None:
-    """Delete every stream of the server."""
-    asyncio.run(_reset(url))
-
-
 # ---- the seat, in a process of its own ----------------------------------------------------------------------------
-
-
-class SeatProcess:
-    """`benchmarks.seat_proc` in a subprocess: its first line is the cold start's figures."""
-
-    def __init__(self, url: str, max_parallel: int | None = None, timeout: float = 1800.0) -> None:
-        """The seat as configured by default, or with `max_parallel` compositions at once."""
-        bound = [] if max_parallel is None else ["--max-parallel", str(max_parallel)]
-        cmd = [sys.executable, "-m", "benchmarks.seat_proc", url, *bound,
-               "--timeout", str(timeout), *os.environ.get("SEAT_ARGS", "").split()]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.started = self._read()
-
-    def _read(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the seat process ended with {self.proc.wait()}")
-        out: dict[str, Any] = json.loads(line)
-        return out
-
-    def _say(self, command: str) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(command + "\n")
-        self.proc.stdin.flush()
-        return self._read()
-
-    def settle(self) -> dict[str, Any]:
-        """Wait until the seat is settled; its figures."""
-        return self._say("settle")
-
-    def stop(self) -> dict[str, Any]:
-        """Stop the seat; its last figures."""
-        out = self._say("stop")
-        self.proc.wait(60)
-        return out
 
 
 # ---- the run ------------------------------------------------------------------------------------------------------
@@ -168,10 +126,6 @@ def machine() -> dict[str, Any]:
     version = subprocess.run([server_binary(), "--version"], capture_output=True, text=True, check=False).stdout.strip()
     return {"nproc": os.cpu_count(), "cpu_model": model, "python": platform.python_version(),
             "nats_server": version, "platform": platform.platform(), "loadavg_at_start": os.getloadavg()}
-
-
-def log(*words: Any) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}]", *words, file=sys.stderr, flush=True)
 
 
 def cold(
@@ -217,7 +171,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         seat.stop()
         log(f"seat on {baseline_nodes} nodes: {small['seconds']:.2f} s, {small['writes']} writes")
         reset(url)
-        if not args.cold_only:
+        if not args.cold_only and not args.no_seed_design:
             asyncio.run(load(url, generate(baseline_nodes, args.seed)))
             log(f"the seeds' way on {baseline_nodes} nodes ...")
             base = seed_design.run(url, max_passes=args.baseline_passes)
@@ -250,18 +204,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out["ceiling"] = {"cache_load": c["cache_load"], "rules": rules, **top}
         out["ceiling_seconds"] = top["seconds"]
         out["ceiling_ratio_vs_limit"] = top["ratio_vs_limit"]
+        out["ratio_vs_ceiling"] = out["seconds"] / top["seconds"]
         log(f"ceiling: {top['writes']} writes in at least {top['seconds']:.2f} s of one interpreter "
             f"(cache {c['cache_load']['cpu_seconds']:.2f} s, rules {rules['first_round_cpu_seconds']:.2f} s), "
             f"ratio at most {top['ratio_vs_limit']:.2f}")
 
         # Steady state.
         mix = {"bound": 2, "have": 1, "want": 1}
-        states = asyncio.run(_states(url))
+        states = asyncio.run(provision_states_of(url))
         pools = steady.targets(mesh, states, args.seed)
         owners = {key: k.provider for key, k in mesh.keys.items()}
         driver = steady.Driver(url, pools, args.seed)
         result = asyncio.run(driver.run(rate, seconds, mix, owners))
-        out["steady"] = _summary(result, rate, {k: len(v) for k, v in pools.items()})
+        out["steady"] = summary(result, rate, {k: len(v) for k, v in pools.items()})
         out["latency_p50_ms"] = result.percentile(50)
         out["latency_p99_ms"] = result.percentile(99)
         log(f"steady: {result.changes} changes, {len(result.samples)} writes matched, {result.missed} missed; "
@@ -272,13 +227,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         # Head-of-line blocking: a heavy node of 500 modules joins, and changes all the time.
         heavy_mesh = generate(args.nodes, args.seed, heavy=heavy_modules)
-        extra = _difference(heavy_mesh, mesh)
-        asyncio.run(_put(url, extra))
+        extra = difference(heavy_mesh, mesh)
+        asyncio.run(put_states(url, extra))
         settled = seat.settle()
         log(f"heavy node of {heavy_modules} modules loaded and composed; settled in {settled['seconds']:.2f} s")
         hv = heavy_mesh.nodes[-1]
         heavy = steady.Target("have", [m for m in heavy_mesh.placed[hv] if m.startswith("hv-")], node=hv, heavy=True)
-        states = asyncio.run(_states(url))
+        states = asyncio.run(provision_states_of(url))
         hol: dict[str, Any] = {}
         for name, parallel in (("parallel", Config().max_parallel), ("serial", 1)):
             if name == "serial":
@@ -289,7 +244,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             pools = steady.targets(mesh, states, args.seed + 1)
             driver = steady.Driver(url, pools, args.seed + 1)
             result = asyncio.run(driver.run(rate, seconds, mix, owners, heavy=heavy, heavy_rate=args.heavy_rate))
-            hol[name] = _summary(result, rate, {k: len(v) for k, v in pools.items()})
+            hol[name] = summary(result, rate, {k: len(v) for k, v in pools.items()})
             hol[name]["max_parallel"] = parallel
             log(f"head-of-line ({name}): {result.changes} changes, {result.heavy_changes} to the heavy node, "
                 f"p99 {result.percentile(99):.1f} ms, {result.missed} missed")
@@ -299,46 +254,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out["head_of_line"] = hol
         out["light_p99_ms"] = hol["parallel"]["p99_ms"]
         out["ratio_vs_serial_p99"] = hol["serial"]["p99_ms"] / hol["parallel"]["p99_ms"]
+        reset(url)
+
+        # Scale-out: one process and two sharing the mesh, each to its saturation rate and at half of it.
+        scaled = partitioned.scale_out(url, args.nodes, args.seed, seconds=seconds, probe_seconds=args.probe_seconds
+                                       or (1.0 if quick else 10.0), heavy_modules=heavy_modules,
+                                       heavy_rate=args.heavy_rate, start_rate=20.0 if quick else 100.0)
+        out["scale_out"] = scaled
+        out.update({k: v for k, v in scaled.items() if not isinstance(v, dict)})
+        out["saturation_changes_per_s"] = scaled["one_process"]["saturation_changes_per_s"]
     return out
-
-
-def _summary(result: steady.Load, rate: float, pools: dict[str, int]) -> dict[str, Any]:
-    return {
-        "rate": rate, "seconds": result.seconds, "changes": result.changes, "heavy_changes": result.heavy_changes,
-        "matched": len(result.samples), "missed": result.missed, "targets": pools,
-        "p50_ms": result.percentile(50), "p90_ms": result.percentile(90), "p99_ms": result.percentile(99),
-        "max_ms": max(result.samples, default=float("nan")),
-        "by_kind_p99_ms": {k: steady.Load(samples=v).percentile(99) for k, v in result.by_kind.items()},
-        "samples_ms": [round(x, 3) for x in result.samples],
-    }
-
-
-async def _states(url: str) -> dict[str, Any]:
-    nc = await nats.connect(url)
-    try:
-        return await steady.provision_states(nc)
-    finally:
-        await nc.close()
-
-
-def _difference(bigger: Any, smaller: Any) -> dict[str, dict[str, bytes]]:
-    out: dict[str, dict[str, bytes]] = {}
-    for state, kv in bigger.states.items():
-        old = smaller.states.get(state, {})
-        changed = {k: v for k, v in kv.items() if old.get(k) != v}
-        if changed:
-            out[state] = changed
-    return out
-
-
-async def _put(url: str, states: dict[str, dict[str, bytes]]) -> None:
-    nc = await nats.connect(url)
-    try:
-        js = nc.jetstream(timeout=60)
-        puts = [(f"$KV.{bucket(s)}.{k}", v) for s, kv in states.items() for k, v in kv.items()]
-        await asyncio.gather(*(js.publish(subject, v) for subject, v in puts))
-    finally:
-        await nc.close()
 
 
 def parser() -> argparse.ArgumentParser:
@@ -355,6 +280,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cold-only", action="store_true",
                    help="measure the put limit and the cold start alone (writes, seconds, compositions a node)")
     p.add_argument("--baseline-nodes", type=int, default=0, help="nodes of the seeds' comparison (default 100)")
+    p.add_argument("--no-seed-design", action="store_true", help="leave the seeds' comparison out (it takes minutes)")
+    p.add_argument("--probe-seconds", type=float, default=0.0,
+                   help="seconds of each run of the search for the saturation rate (default 10; quick 1)")
     p.add_argument("--baseline-passes", type=int, default=1,
                    help="passes of the seeds' way (1: its cold pass, as its process makes it; more: up to its "
                    "fixed point)")
@@ -370,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     keys = ("kv_put_limit", "writes", "seconds", "compositions_per_node", "writes_per_s", "ratio_vs_limit",
             "ratio_vs_seed_design",
             "latency_p50_ms", "latency_p99_ms", "light_p99_ms", "ratio_vs_serial_p99", "peak_rss_bytes_per_key",
-            "floor_writes_per_s", "floor_ratio_vs_limit", "ceiling_seconds", "ceiling_ratio_vs_limit")
+            "floor_writes_per_s", "floor_ratio_vs_limit", "ceiling_seconds", "ceiling_ratio_vs_limit",
+            "ratio_vs_ceiling", "saturation_changes_per_s", "scale_out_cold_start", "scale_out_saturation",
+            "p99_over_p50_half_saturation", "ratio_vs_serial_p99_half_saturation", "rss_two_over_one")
     for key in keys:
         if key in out:
             print(f"{key:24} {out[key]:.4g}")

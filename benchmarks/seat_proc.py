@@ -5,6 +5,9 @@ for `wait_settled`, and prints one JSON line: the seconds from the start call to
 the keys in its cache, and the process's peak RSS so far (`resource.getrusage`). Then each line it reads is a
 command: `settle` (wait until settled again and print the same figures), `stop` (stop the seat, print, exit).
 
+With `--shards S` it is one process of a partitioned seat (contract 8.1): it runs as `serve` does (`Seat`, its shard
+leases taken, renewed and rebalanced), and its figures are those of the runtime while it holds shards.
+
 Its own process, so that its memory is its own and the load generator and the watch that times it do not share its
 interpreter lock.
 """
@@ -14,13 +17,17 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import queue
 import resource
 import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from mesh_provisioner.config import Config
 from mesh_provisioner.runtime import Runtime
+from mesh_provisioner.seat import Seat
 
 
 def rss_now() -> int:
@@ -47,7 +54,14 @@ def figures(sup: Runtime, seconds: float, settled: bool) -> dict[str, Any]:
         "peak_rss_bytes": peak_rss(),
         "rss_bytes": rss_now(),
         "compositions": int(sup.metrics.compositions._value.get()),
+        "cpu_seconds": _cpu_seconds(),
     }
+
+
+def _cpu_seconds() -> float:
+    """The process's CPU time so far, user and system, every thread's."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,16 +70,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-parallel", type=int, default=Config().max_parallel,
                    help="compositions at once (default: the seat's own default)")
     p.add_argument("--timeout", type=float, default=1800.0)
+    p.add_argument("--shards", type=int, default=0, help="one process of a partitioned seat of this many shards")
     p.add_argument("--switch-interval", type=float, default=0.0,
                    help="the interpreter's thread switch interval in seconds (0: Python's own, 5 ms)")
     args = p.parse_args(argv)
     if args.switch_interval > 0:
         sys.setswitchinterval(args.switch_interval)
-    config = Config(nats=args.url, max_parallel=args.max_parallel, request_timeout=60.0)
+    config = Config(nats=args.url, max_parallel=args.max_parallel, request_timeout=60.0,
+                    shards=max(args.shards, 1))
     gc.collect()
     base = {"rss_before_bytes": rss_now()}
     start = time.perf_counter()
-    sup = Runtime.start(config)
+    if args.shards:
+        sup, stop = held(config)
+    else:
+        sup, stop = Runtime.start(config), None
     settled = sup.wait_settled(args.timeout)
     out = figures(sup, time.perf_counter() - start, settled)
     print(json.dumps({**base, **out}), flush=True)
@@ -78,9 +97,28 @@ def main(argv: list[str] | None = None) -> int:
         elif command == "stop":
             break
     out = figures(sup, 0.0, True)
-    sup.stop()
+    if stop is not None:
+        stop()
+    else:
+        sup.stop()
     print(json.dumps(out), flush=True)
     return 0
+
+
+def held(config: Config) -> tuple[Runtime, Callable[[], None]]:
+    """A seat process serving as `serve` does, once it holds shards: its runtime, and how to stop it."""
+    running: queue.Queue[Runtime] = queue.Queue()
+    stop = threading.Event()
+    seat = Seat(config, on_hold=lambda sup: running.put(sup) if sup is not None else None)
+    thread = threading.Thread(target=seat.serve, args=(stop,), daemon=True)
+    thread.start()
+    sup = running.get()
+
+    def stopped() -> None:
+        stop.set()
+        thread.join(60)
+
+    return sup, stopped
 
 
 if __name__ == "__main__":

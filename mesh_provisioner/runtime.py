@@ -43,7 +43,7 @@ from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.registry import RegistryWriter
 from mesh_provisioner.bus.store import Applied, Store
 from mesh_provisioner.config import Config
-from mesh_provisioner.contract import NEEDS, REGISTRY
+from mesh_provisioner.contract import NEEDS, REGISTRY, bound
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import (
     ChildExited,
@@ -107,6 +107,7 @@ class Runtime:
         self._registry: RegistryWriter | None = None  # the operator's registry file, read when the seat is taken
         self._registry_done = False  # written (and the needs retired) once this holds the shard that writes them
         self.writes_on: Callable[[str], bool] | None = None  # the nodes this seat composes; None: all (`scope`)
+        self._entries = tuple(bound(p) for p in config.bound_reads)  # the providers' entries, kept by node (`scope`)
         self._closed = False
         link(nc).on_closed(self._connection_closed)
         self.ref = HostActor.start(self)
@@ -161,14 +162,20 @@ class Runtime:
         return seat
 
     def scope(self, owns: Callable[[str], bool] | None) -> None:
-        """Compose only the nodes `owns` says (a partitioned seat's shards, contract 8.1); None: every node."""
+        """Compose only the nodes `owns` says (a partitioned seat's shards, contract 8.1), and keep only their keys of
+        the providers' entries, which no other node's judgment reads; None: every node."""
         self.writes_on = owns
         self.router.writes_on = owns
         self.dispatcher.scope = None if owns is None else (lambda j: owns(j[1].partition(".")[0]))
+        entries = frozenset(self._entries)
+        self.cache.memory.keeps = None if owns is None else (
+            lambda state, key: state not in entries or owns(key.partition(".")[0]))
 
     def took(self, nodes: Callable[[str], bool]) -> None:
-        """Shards were taken (contract 8.1): the nodes `nodes` says are composed and their keys judged from the bus, as
-        a restart would; the registry and the retired needs are written when the first shard is among them."""
+        """Shards were taken (contract 8.1): their providers' entries are loaded, then the nodes `nodes` says are
+        composed and their keys judged from the bus, as a restart would; the registry and the retired needs are written
+        when the first shard is among them."""
+        self.loop.run(self.cache.reload(self._entries), self.config.request_timeout * 6)
         self._first_shard()
         for name in self.supervisor.children():
             if not name.startswith("node:"):

@@ -148,17 +148,25 @@ class Cache:
         """
         self.resyncs += 1
         log.info("watching every bucket again (resync %d)", self.resyncs)
-        self._loading = set(self.states)
-        self._loaded.clear()
-        for state in self.states:
-            self._restart(state)
-        await self._loaded.wait()
+        await self.reload(self.states)
         log.info("resync %d done: %d keys", self.resyncs, len(self.view))
         if self.on_resync is not None:
             try:
                 self.on_resync()
             except Exception:
                 log.exception("the resync listener failed")
+
+    async def reload(self, states: Iterable[str]) -> None:
+        """Watch some buckets again from scratch and reconcile memory with them (a partitioned seat's memory keeps
+        more of them once it holds more shards); returns once they are loaded."""
+        states = [s for s in states if s in self.states]
+        if not states:
+            return
+        self._loading |= set(states)
+        self._loaded.clear()
+        for state in states:
+            self._restart(state)
+        await self._loaded.wait()
 
     async def caught_up(self) -> bool:
         """Whether every change JetStream holds of every watched bucket has been applied to memory now.

@@ -32,6 +32,9 @@ class Memory:
     def __init__(self, view: MemoryView, on_change: Listener | None = None) -> None:
         self.view = view
         self.on_change = on_change
+        # Which keys memory keeps (a partitioned seat's, contract 8.1: a provider's entries for the keys of the
+        # nodes it composes); None: every key. A key not kept is not held at all, not even as deleted.
+        self.keeps: Callable[[str, str], bool] | None = None
         self.changes = 0  # changes applied to the view so far
         self._gone: dict[str, dict[str, int]] = defaultdict(dict)  # deleted keys' revisions, so none comes back
         self._floor: dict[str, int] = {}  # per state: every revision up to it is in memory already
@@ -106,6 +109,10 @@ class Memory:
 
     def set(self, state: str, key: str, raw: bytes | None, revision: int, ours: bool = False) -> None:
         """Set a key in the view (None: delete it) and tell the listener; a bad key or value is logged."""
+        if raw is not None and self.keeps is not None and not self.keeps(state, key):
+            if self.view.get(state, key) is None:
+                return
+            raw = None  # a key memory no longer keeps leaves it, as a delete
         if raw is None:
             if revision > 0:
                 self._gone[state][key] = revision

@@ -80,8 +80,10 @@ class ShardLeases(SeatLease):
         return taken
 
     def owns(self, node: str) -> bool:
-        """Whether this process composes a node now: its shard is held (contract 8.1)."""
-        return time.monotonic() < self._deadlines.get(shard_of(node, self.shards), 0.0)
+        """Whether this process composes a node: its shard is held (contract 8.1), renewed or about to be. A shard
+        whose renewal is late stays owned until the renewal fails or the shard is given back: what a node's judgments
+        read is kept meanwhile, while its writes wait for the renewal (`guard`)."""
+        return shard_of(node, self.shards) in self._revisions
 
     def guard(self, write: Write | None = None) -> str:
         """Why this process may not make a write ("" when it may): its key's shard is not held (contract 8.1)."""

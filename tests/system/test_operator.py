@@ -205,6 +205,8 @@ def test_1_version() -> None:
      "MESH_PROVISIONER_MAX_PARALLEL=four: 'four' is not a whole number"),
     (("reconcile", "--max-parallel", "four"), {}, "argument --max-parallel: 'four' is not a whole number"),
     (("--replicas", "0", "serve"), {}, "--replicas 0: JetStream keeps a bucket on 1 to 5 servers"),
+    (("--shards", "0", "serve"), {}, "--shards 0: a mesh has 1 to 1024 shards"),
+    (("serve",), {"MESH_PROVISIONER_SHARDS": "2000"}, "MESH_PROVISIONER_SHARDS=2000: a mesh has 1 to 1024 shards"),
     (("--metrics-addr", "9464", "serve"), {}, "--metrics-addr 9464: not host:port"),
     (("serve",), {"MESH_PROVISIONER_LOG_FORMAT": "xml"}, "MESH_PROVISIONER_LOG_FORMAT=xml: the log format is"),
     (("reconcile", "--timeout", "0"), {}, "argument --timeout: '0': the time must be more than 0 seconds"),
