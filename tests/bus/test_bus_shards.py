@@ -1,0 +1,64 @@
+"""A partitioned seat's leases on a real nats-server (contract 8.1): taken up to the fair share, given back when
+another process joins, and every write checked against its key's shard's lease."""
+
+from __future__ import annotations
+
+from nats.aio.client import Client
+
+from mesh_provisioner.bus.connection import ensure_buckets
+from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.bus.shards import ShardLeases
+from mesh_provisioner.bus.store import Store
+from mesh_provisioner.contract import NEEDS, PLANS, PROVISIONS, REGISTRY, SEAT_STATES
+from mesh_provisioner.messages.writes import Put
+from mesh_provisioner.rules.shards import shard_of
+
+SHARDS = 4
+LEASE = 2.0
+
+
+def node_in(shard: int) -> str:
+    """A node name in a shard."""
+    return next(n for i in range(1000) if shard_of(n := f"n{i}", SHARDS) == shard)
+
+
+def test_8_1_a_process_takes_every_free_shard_alone_and_gives_back_half_when_another_joins(
+    loop: EventLoopThread, nc: Client
+) -> None:
+    loop.run(ensure_buckets(nc.jetstream(), SEAT_STATES, lease=LEASE), 10)
+    a, b = ShardLeases(nc, SHARDS, LEASE, holder="a"), ShardLeases(nc, SHARDS, LEASE, holder="b")
+    assert loop.run(a.take(), 10)
+    assert a.mine() == [0, 1, 2, 3] and a.taken() == {0, 1, 2, 3}
+    assert not loop.run(b.take(), 10)  # announced, nothing free yet
+    assert loop.run(a.renew(), 10)  # a sees b and gives back past its share
+    assert a.mine() == [0, 1]
+    assert loop.run(b.take(), 10)
+    assert b.mine() == [2, 3] and b.taken() == {2, 3}
+    assert a.owns(node_in(0)) and not a.owns(node_in(2)) and b.owns(node_in(3))
+    loop.run(a.give_back(), 10)
+    assert not a.held
+    assert loop.run(b.renew(), 10)
+    assert b.mine() == [0, 1, 2, 3], "a clean exit's shards are taken at the next look"
+
+
+def test_8_1_every_write_checks_its_shards_lease_and_the_registry_and_needs_go_with_shard_0(
+    loop: EventLoopThread, nc: Client
+) -> None:
+    loop.run(ensure_buckets(nc.jetstream(), SEAT_STATES, lease=LEASE), 10)
+    a, b = ShardLeases(nc, SHARDS, LEASE, holder="a"), ShardLeases(nc, SHARDS, LEASE, holder="b")
+    loop.run(a.take(), 10)
+    loop.run(b.take(), 10)
+    loop.run(a.renew(), 10)
+    loop.run(b.take(), 10)
+    store = Store(nc)
+    store.guard = b.guard
+    mine, theirs = node_in(2), node_in(0)
+    made = loop.run(store.apply([Put(PLANS, f"{mine}.gitea", b"{}", 0)]), 10)
+    assert made.ok and len(made.done) == 1
+    refused = loop.run(store.apply([Put(PROVISIONS, f"{theirs}.gitea.db", b"{}", 0)]), 10)
+    assert refused.done == [] and "does not hold shard 0" in refused.error
+    for state in (REGISTRY, NEEDS):
+        assert "shard 0" in b.guard(Put(state, "default", b"{}", 0))
+        assert a.guard(Put(state, "default", b"{}", 0)) == ""
+    a.lapse()
+    assert "does not hold shard" in a.guard(Put(PLANS, f"{theirs}.gitea", b"{}", 0)), "a lapsed lease writes nothing"
