@@ -190,16 +190,16 @@ def compare(want: MemoryView, have: MemoryView) -> list[str]:
                 masks[key] = HISTORY_DEPS
                 todo.append(key)
     for key in sorted(both):
-        x, y = pw.get(key), ph.get(key)
-        if x is None or y is None:
+        px, py = pw.get(key), ph.get(key)
+        if px is None or py is None:
             if key not in one_side:
-                problems.append(f"provision {key}: only {'the bus' if x is None else 'settle()'} has it: "
-                                f"{_short(r.encode(x if x is not None else y))}")
+                problems.append(f"provision {key}: only {'the bus' if px is None else 'settle()'} has it: "
+                                f"{_short(r.encode(both[key]))}")
             continue
-        differ = _differ(x, y, masks.get(key, frozenset()))
+        differ = _differ(px, py, masks.get(key, frozenset()))
         if differ:
-            problems.append(f"provision {key}: {', '.join(differ)} differ: settle() has {_short(r.encode(x))}, "
-                            f"the bus {_short(r.encode(y))}")
+            problems.append(f"provision {key}: {', '.join(differ)} differ: settle() has {_short(r.encode(px))}, "
+                            f"the bus {_short(r.encode(py))}")
     return problems
 
 
