@@ -62,7 +62,7 @@ class CasSpy:
                 if expected is None:
                     self.blind.append(f"{subject} {headers}")
                 else:
-                    intent = Intent(self.pid, subject, int(expected))
+                    intent = Intent(self.pid, subject, int(expected), time.time())
                     self.intents.append(intent)
                     if self.sink is not None:
                         self.sink.write(intent.line())

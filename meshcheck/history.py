@@ -20,8 +20,12 @@ and by no other: once one such request is stored the key's last sequence is S, a
 P on X is refused. Each seat process logs every such request as it sends it, before it goes out (`Intent`: its
 pid, the subject and the expected revision; faults/spies.py `CasSpy`, which a seat process started by
 `python -m faults.logged` wears too). A stored write is the writer's whose intent matches its subject and its
-predecessor. Two processes that sent the same (subject, expected) make it ambiguous, which is a finding: at most one
-of them could hold the key's lease. A write no process sent (another module's connection, a blind put) has no
+predecessor, sent between the moment the predecessor was stored (the writer read it) and the moment the write was
+(the same revision is expected again later, by a create that fails on a key that exists, say: those come after).
+Two processes that sent the same (subject, expected) within that window make it ambiguous, which is a finding: at
+most one of them could hold the key's lease. The processes, the server and the checker share one host and its
+clock; the window is widened by a millisecond each side, which can only make a write ambiguous, never misattribute
+it. A write no process sent (another module's connection, a blind put) has no
 writer, which is a finding too: only the seat writes its states (contract section 4).
 
 **Whose lease it was.** A lease is a key of `mesh-provisioner.seat`: `holder` for a seat of one shard, `shard.<i>` for
@@ -58,18 +62,22 @@ from meshcheck.bus import Bus
 
 KV_OPERATION = "KV-Operation"
 EXPECTED = "Nats-Expected-Last-Subject-Sequence"
+SLACK = 0.001  # seconds either side of a write's window (the module's docstring)
 
 
 class Intent(NamedTuple):
-    """A compare-and-set a process sent to one of the seat's states: its pid, the subject, the revision expected."""
+    """A compare-and-set a process sent to one of the seat's states: its pid, the subject, the revision expected, and
+    when it was sent (`time.time()`: the host's clock, which the server on the same host stamps messages by)."""
 
     pid: int
     subject: str
     expected: int
+    sent: float
 
     def line(self) -> str:
         """The intent as one line of a write log."""
-        return json.dumps({"pid": self.pid, "subject": self.subject, "expected": self.expected}) + "\n"
+        return json.dumps({"pid": self.pid, "subject": self.subject, "expected": self.expected,
+                           "sent": self.sent}) + "\n"
 
 
 def read_intents(path: Path) -> list[Intent]:
@@ -83,7 +91,7 @@ def read_intents(path: Path) -> list[Intent]:
     for line in text.splitlines():
         try:
             d = json.loads(line)
-            out.append(Intent(int(d["pid"]), str(d["subject"]), int(d["expected"])))
+            out.append(Intent(int(d["pid"]), str(d["subject"]), int(d["expected"]), float(d["sent"])))
         except (ValueError, KeyError, TypeError):
             continue
     return out
@@ -179,9 +187,9 @@ class Attributed:
 def attribute(entries: list[Entry], intents: Iterable[Intent], before: dict[str, int] | None = None) -> Attributed:
     """Each write of the seat's states (the lease bucket aside) with the pid whose compare-and-set it was (the
     module's docstring)."""
-    senders: dict[tuple[str, int], set[int]] = defaultdict(set)
+    senders: dict[tuple[str, int], list[Intent]] = defaultdict(list)
     for i in intents:
-        senders[(i.subject, i.expected)].add(i.pid)
+        senders[(i.subject, i.expected)].append(i)
     out = Attributed([], [], 0)
     by_state: dict[str, list[Entry]] = defaultdict(list)
     for e in entries:
@@ -191,6 +199,7 @@ def attribute(entries: list[Entry], intents: Iterable[Intent], before: dict[str,
             continue
         seen.sort(key=lambda e: e.seq)
         last_on: dict[str, int] = {}
+        stored: dict[int, float] = {}  # each sequence seen: when it was stored
         gap_after = 0  # the last sequence before which a message was never seen
         start = (before or {}).get(state, 0)
         expect = start + 1
@@ -198,6 +207,7 @@ def attribute(entries: list[Entry], intents: Iterable[Intent], before: dict[str,
             if e.seq <= start:
                 last_on[e.subject] = e.seq  # the starting point: each key's value when the run began
                 continue
+            stored[e.seq] = e.at.timestamp()
             if e.seq > expect:
                 gap_after = e.seq - 1
             expect = e.seq + 1
@@ -206,7 +216,9 @@ def attribute(entries: list[Entry], intents: Iterable[Intent], before: dict[str,
             if previous < gap_after:
                 out.unchecked += 1  # its predecessor may be in the gap: the writer cannot be told
                 continue
-            pids = senders.get((e.subject, previous), set())
+            earliest = stored.get(previous, float("-inf")) - SLACK
+            latest = e.at.timestamp() + SLACK
+            pids = {i.pid for i in senders.get((e.subject, previous), []) if earliest <= i.sent <= latest}
             if len(pids) == 1:
                 out.writes.append((e, next(iter(pids))))
             elif not pids:
