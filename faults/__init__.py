@@ -6,6 +6,6 @@ killed, shard processes of a partitioned seat killed and joining, a cluster serv
 input, forged answers), records every write of the seat's states as it goes, and ends with the same check
 (`meshcheck.check`): the plans and provisions `settle()` computes from the final inputs, a fixed point, the same as an
 undisturbed run on the same changes, no ask published twice, every write made by a seat process holding the key's
-lease (`meshcheck.history`), a seat that still answers, no exception escaped. `python -m faults` runs them and writes the
-figures (`faults.runner`, `faults.report`).
+lease (`meshcheck.history`), a seat that still answers, no exception escaped. `python -m faults` runs them and writes
+the figures (`faults.runner`, `faults.report`).
 """
