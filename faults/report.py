@@ -61,15 +61,23 @@ def render(data: dict[str, Any]) -> str:
         "",
         "**Settle** runs from the last fault (or the last change, when it came later) until the disturbed seat is "
         "settled: every change on the bus in its cache, every mailbox empty, no write pending (for the seat "
-        "processes of *sigkill*: until their bus holds what the undisturbed one holds and stops moving). **Lost** "
+        "processes of *sigkill*: until their bus holds what the undisturbed one holds and stops moving; of *shards*: "
+        "until every shard is held, the bus stops moving and holds what `settle()` of its inputs says). **Lost** "
         "counts what the checks found missing or wrong; **errors escaped** counts exceptions that escaped an actor.",
         "",
         "The checks, the same for every scenario, on nats-servers of the fault runner's own on 127.0.0.1: once "
-        "settled, the bus is at a fixed point (a fresh seat writes nothing), every plan, needed (non-retiring) "
-        "provision and refusal equals that of an undisturbed seat given the same changes (`at`, `v` and `since` "
-        "aside), no ask was published twice (each `Nats-Msg-Id` once in the router's stream), the seat still answers "
-        "(its verb, or a composition asked of it), and no exception escaped an actor (no ERROR record of the `pykka` "
-        "or `mesh_provisioner` loggers but the deliberate kills').",
+        "settled, every plan, provision and refusal is what the pure `settle()` computes from the inputs the bus "
+        "ends with, key by key, but what the contract leaves to history (`meshcheck/settled.py`), and `settle()` over "
+        "the bus writes nothing; the bus is at a fixed point (a fresh seat writes nothing); every plan, needed "
+        "(non-retiring) provision and refusal also equals that of an undisturbed seat given the same changes (`at`, "
+        "`v` and `since` aside: it speaks for the keys `settle()` leaves to history); no ask was published twice "
+        "(each `Nats-Msg-Id` once in the router's stream); every write of the seat's states, recorded from its "
+        "streams as the run went, was sent by a seat process (told by the compare-and-set it logged) and, where the "
+        "seat holds a lease (*pause*, *sigkill*, *shards*), by the holder of the key's lease (`holder`, or its "
+        "shard's `shard.<i>`) when the server stored it (`meshcheck/history.py`; *pause* counts apart the writes "
+        "its frozen server stored past the lease, as `stored after lease`); the seat still answers (its verb, or a "
+        "composition asked of it); and no exception escaped an actor (no ERROR record of the `pykka` or "
+        "`mesh_provisioner` loggers but the deliberate kills').",
         "",
         f"Produced by `{data['command']}` (seed {data['seed']}, {data['runs']} run(s) of each scenario, run *i* with "
         f"seed {data['seed']}+*i*) on {data['started']}, in {data['took_seconds']:.0f} s; {data['machine']}. The "

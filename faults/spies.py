@@ -3,26 +3,31 @@
 - `CasSpy` wraps a seat's connection: every request to one of the seat's own buckets is counted, and one that
   carries no expected revision (a blind put) or goes out as a plain publish is named. With `held`, it also names
   each write sent while the process does not hold the seat's lease (contract 8: a holder that cannot renew stops
-  writing at once).
+  writing at once). Each write it sees is kept as an `Intent` (meshcheck/history.py: who sent a compare-and-set on
+  which revision of which key), and with `sink` also written there as a line before the write goes out, so that a
+  process killed a moment later has logged every write it sent.
 - `ComposeSpy` stands in for the node actors' `compose_node` and counts compositions of one node at once.
 """
 
 from __future__ import annotations
 
 import contextvars
+import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TextIO
 
 from nats.aio.client import Client
 
+from mesh_provisioner import seat as seat_module
 from mesh_provisioner.actors import node as node_actor
 from mesh_provisioner.bus import attachment as attachment_module
 from mesh_provisioner.bus.link import SeatClient
 from mesh_provisioner.config import Config
+from meshcheck.history import EXPECTED, Intent
 
 _IN_REQUEST: contextvars.ContextVar[bool] = contextvars.ContextVar("in_request", default=False)
 
@@ -37,11 +42,14 @@ class CasSpy:
     PREFIX = "$KV.mesh-provisioner_"
     LEASE = "$KV.mesh-provisioner_seat."
 
-    def __init__(self, held: Callable[[], bool] | None = None) -> None:
+    def __init__(self, held: Callable[[], bool] | None = None, *, sink: TextIO | None = None) -> None:
         self.writes = 0
         self.blind: list[str] = []
         self.unheld: list[str] = []
         self.held = held
+        self.intents: list[Intent] = []
+        self.sink = sink
+        self.pid = os.getpid()
 
     def wrap(self, nc: Client) -> Client:
         """Spy on a connection from now on; answers it."""
@@ -50,8 +58,15 @@ class CasSpy:
         def seen(subject: str, headers: Any) -> None:
             if subject.startswith(self.PREFIX) and not subject.startswith(self.LEASE):
                 self.writes += 1
-                if "Nats-Expected-Last-Subject-Sequence" not in (headers or {}):
+                expected = (headers or {}).get(EXPECTED)
+                if expected is None:
                     self.blind.append(f"{subject} {headers}")
+                else:
+                    intent = Intent(self.pid, subject, int(expected), time.time())
+                    self.intents.append(intent)
+                    if self.sink is not None:
+                        self.sink.write(intent.line())
+                        self.sink.flush()  # in the kernel's hands before the write goes out: a SIGKILL keeps it
                 if self.held is not None and not self.held():
                     self.unheld.append(f"{time.monotonic():.3f} {subject}")
 
@@ -82,19 +97,25 @@ class CasSpy:
 
 @contextmanager
 def spied_runtimes(spy: CasSpy) -> Iterator[CasSpy]:
-    """Every runtime started in the block on a connection of its own has that connection spied on."""
-    real = attachment_module.connect_config
+    """Every runtime started in the block on a connection of its own, and every seat (`Seat`, as `serve` runs it),
+    has that connection spied on."""
+    real, real_bus = attachment_module.connect_config, seat_module.open_bus  # type: ignore[attr-defined]
 
     async def connect_spied(config: Config, client: SeatClient | None = None) -> SeatClient:
         nc = await real(config, client)
         spy.wrap(nc)
         return nc
 
+    async def open_spied(config: Config, within: float, said: Callable[[str], None] | None = None) -> Client:
+        return spy.wrap(await real_bus(config, within, said))
+
     attachment_module.connect_config = connect_spied
+    seat_module.open_bus = open_spied  # type: ignore[attr-defined]
     try:
         yield spy
     finally:
         attachment_module.connect_config = real
+        seat_module.open_bus = real_bus  # type: ignore[attr-defined]
 
 
 class ComposeSpy:

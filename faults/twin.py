@@ -1,8 +1,11 @@
 """One run of a scenario: its parameters, what it found, and the two buses it compares (disturbed and undisturbed).
 
 Two buses get the same sample mesh and, change by change, the same changes (written to both by another module's
-connection). A seat serves each: the disturbed one suffers the scenario's faults, the reference is left alone. The
-run ends with `finish`: both settled, then every check of `meshcheck.check`.
+connection). A seat serves each: the disturbed one suffers the scenario's faults, the reference is left alone. Every
+write to the disturbed seat's states is recorded as the run goes (`meshcheck.history.History`), and each seat
+process logs the compare-and-sets it sends (`faults.spies.CasSpy`: in-process, or `python -m faults.logged` for a
+seat process). The run ends with `finish`: both settled, then every check of `meshcheck.check` and the write
+history's.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from typing import Any
 
 from faults.mesh import Change, prepare, write
 from faults.servers import server
+from faults.spies import CasSpy, spied_runtimes
 from mesh_provisioner.bus.embedded import EmbeddedServer
 from mesh_provisioner.config import Config
+from mesh_provisioner.contract import LEASE_SECONDS
 from mesh_provisioner.runtime import Runtime
-from meshcheck import check
+from meshcheck import check, history
 from meshcheck.bus import Bus, seat_config
 
 log = logging.getLogger("faults")
@@ -103,6 +108,9 @@ class Twin:
 
     `disturbed_url` is a bus the scenario made itself (a cluster); else a server is started here. The disturbed
     seat is the scenario's to start (`start_disturbed` for an in-process supervisor).
+
+    `leased`: the disturbed seat holds a lease (`serve`, a `Seat`), and every write must be its holder's; a lone
+    runtime holds none, and its writes need only be its own. `shards`: the seat's shard count (contract 8.1).
     """
 
     def __init__(
@@ -112,10 +120,18 @@ class Twin:
         disturbed_url: str = "",
         replicas: int = 1,
         max_payload: int = 0,
+        leased: bool = False,
+        shards: int = 1,
         **config: Any,
     ) -> None:
         self.config = config
         self.replicas = replicas
+        self.leased = leased
+        self.late_writes_ok = False
+        self.shards = shards
+        self.spies: list[CasSpy] = [CasSpy()]  # the in-process seats' writes; a scenario adds its own spies
+        self.write_logs: list[Path] = []  # the seat processes' writes (faults.logged)
+        self.history: history.History | None = None
         self.server: EmbeddedServer | None = None
         self.reference_server = server(work / "reference").start()
         if not disturbed_url:
@@ -125,6 +141,8 @@ class Twin:
         self.reference = Bus(self.reference_server.url)
         prepare(self.disturbed, replicas=replicas)
         prepare(self.reference)
+        self.history = history.History(self.disturbed, replicas=replicas,
+                                       lease_seconds=float(config.get("lease_seconds", LEASE_SECONDS)))
         self.reference_seat = Runtime.start(seat_config(self.reference.url, **config))
         self.sup: Runtime | None = None
         if not self.reference_seat.wait_settled(SETTLE_SECONDS):
@@ -142,7 +160,8 @@ class Twin:
         """
         for attempt in range(3):
             try:
-                self.sup = Runtime.start(self.disturbed_config(**more))
+                with spied_runtimes(self.spies[0]):
+                    self.sup = Runtime.start(self.disturbed_config(**more))
                 break
             except TimeoutError as err:
                 log.warning("the disturbed seat did not start (%s); starting it again", err)
@@ -152,6 +171,22 @@ class Twin:
         if not self.sup.wait_settled(SETTLE_SECONDS):
             raise RuntimeError(f"the disturbed seat did not settle on the sample mesh: {self.sup.status()}")
         return self.sup
+
+    def intents(self) -> list[history.Intent]:
+        """Every compare-and-set the disturbed seat's processes sent, as they logged it."""
+        out = [i for spy in self.spies for i in spy.intents]
+        for path in self.write_logs:
+            out += history.read_intents(path)
+        return out
+
+    def checked_history(self, run: Run) -> list[str]:
+        """The write history checked (meshcheck.history): its figures into the run, its problems answered."""
+        if self.history is None:
+            return ["no write history was recorded"]
+        figures, problems = history.check(self.history, self.intents(), shards=self.shards, leased=self.leased,
+                                                 late_ok=self.late_writes_ok)
+        run.figures["write_history"] = figures
+        return problems
 
     def write(self, change: Change, run: Run | None = None, *, reference: bool = True) -> None:
         """Make one change on both buses (or on the disturbed one alone)."""
@@ -166,6 +201,7 @@ class Twin:
         for stop in (
             self.sup.stop if self.sup is not None else None,
             self.reference_seat.stop,
+            self.history.close if self.history is not None else None,
             self.disturbed.close,
             self.reference.close,
             self.server.stop if self.server is not None else None,
@@ -213,8 +249,16 @@ def finish(
     if not twin.reference_seat.wait_settled(SETTLE_SECONDS):
         run.lost.append("the undisturbed seat did not settle")
     run.lost += answers()
-    run.lost += check.fixed_point(twin.disturbed, config or twin.disturbed_config(), SETTLE_SECONDS)
-    summary, differences = check.same(twin.disturbed, twin.reference)
+    # Before the fixed point's fresh seat, whose writes (none, at a fixed point) would be no seat process's.
+    run.lost += twin.checked_history(run)
+    settled_config = config or twin.disturbed_config()
+    summary, differences = check.settled_as(twin.disturbed, settled_config.bound_reads)
+    run.lost += differences
+    run.lost += check.fixed_point(twin.disturbed, settled_config, SETTLE_SECONDS)
+    # The undisturbed run is kept for what settle() of the final inputs leaves to history (meshcheck/settled.py):
+    # a retiring key's dependencies, a key needed once and kept, a held provider's provisions. settle() cannot say
+    # what those should be; a seat given the same changes without faults can, for the keys it ends with too.
+    same, differences = check.same(twin.disturbed, twin.reference)
     run.lost += differences
     asks, twice = check.asked_once(twin.disturbed)
     run.lost += twice
@@ -224,4 +268,4 @@ def finish(
     if errors is not None:
         run.errors += errors.problems()
         run.figures["deliberate kills logged"] = errors.kills
-    run.summary = summary
+    run.summary = f"{summary}; against the undisturbed run: {same}"

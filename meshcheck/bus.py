@@ -10,10 +10,11 @@ server is away (a restart, a pause, a cluster electing a leader) up to a deadlin
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,6 +43,7 @@ from mesh_provisioner.contract import (
     bucket,
 )
 from mesh_provisioner.messages import records as r
+from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.retire import act, act_digest
 from mesh_provisioner.rules.signature import signed_bytes
 from mesh_provisioner.samples import sample_mesh
@@ -215,6 +217,25 @@ class Bus:
 
         found: dict[str, bytes] = self.run(go)
         return found
+
+    def snapshot(self, states: Iterable[str], bound_reads: tuple[str, ...]) -> MemoryView:
+        """Every key of these states as the server holds them now, in a view (a state with no bucket is left out)."""
+        async def exists(state: str) -> bool:
+            try:
+                await self.js.stream_info(f"KV_{bucket(state)}")
+            except nats.js.errors.NotFoundError:
+                return False
+            return True
+
+        view = MemoryView(bound_reads)
+        revision = 0
+        for state in sorted(set(states)):
+            if not self.run(functools.partial(exists, state)):
+                continue
+            for key, value in self.entries(state).items():
+                revision += 1
+                view.put(state, key, value, revision)
+        return view
 
     def get(self, state: str, key: str) -> bytes | None:
         """One key's value now, None when there is none."""

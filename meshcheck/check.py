@@ -5,6 +5,11 @@ Once both seats are settled:
 
 - **fixed point**: a fresh seat over the disturbed bus composes every node and judges every key again, and writes
   nothing (contract section 6);
+- **settle() of the final inputs**: every plan, provision and refusal on the disturbed bus is the one the pure
+  `settle()` computes from the inputs the bus ends with, key by key, but what the contract lets history decide
+  (meshcheck/settled.py), and `settle()` over the bus as it is writes nothing;
+- **the write history** (meshcheck/history.py): every write of the seat's states was sent by a seat process, and by
+  the holder of the key's lease at the moment it was stored;
 - **the same as an undisturbed run**: every plan, every needed (non-retiring) provision and every refusal on the
   disturbed bus is the one an undisturbed seat given the same changes ends with, `at`, `v` and a refusal's `since`
   aside; a retiring key may be on one bus only, and a key may be needed on one bus only while a retiring key there
@@ -32,13 +37,15 @@ import msgspec
 import nats
 
 from mesh_provisioner.actors.base import ActorKilled
+from mesh_provisioner.bus.cache import watched_states
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.config import Config
-from mesh_provisioner.contract import VERB_SUBJECT
+from mesh_provisioner.contract import PLANS, PROVISIONS, REFUSED, SEAT_STATES, VERB_SUBJECT
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules import keys as k
 from mesh_provisioner.runtime import Runtime
 from meshcheck.bus import Bus, comparable, diff, plans, provisions, refusals, seat_state, short, until
+from meshcheck.settled import compare, expected, inputs_of, off_fixed_point
 
 WATCHED_LOGGERS = ("pykka", "mesh_provisioner")
 
@@ -58,6 +65,17 @@ def fixed_point(bus: Bus, config: Config, timeout: float = 60.0) -> list[str]:
     if counts["writes"] or changed or bus.last_seqs() != seqs:
         problems.append(f"not at a fixed point: a fresh seat wrote {counts}: " + "; ".join(changed[:20]))
     return problems
+
+
+def settled_as(bus: Bus, bound_reads: tuple[str, ...]) -> tuple[str, list[str]]:
+    """The seat's states on a bus compared, key by key, with `settle()` of the inputs the bus holds (every state but
+    the seat's own), and `settle()` over the bus as it is: says how many keys, and each difference."""
+    live = bus.snapshot(watched_states(bound_reads), bound_reads)
+    want = expected(inputs_of(live, SEAT_STATES), bound_reads)
+    problems = [f"against settle() of the final inputs: {p}" for p in compare(want, live)]
+    problems += off_fixed_point(live)
+    counts = ", ".join(f"{len(list(live.keys(s)))} {s.rpartition('.')[2]}" for s in (PLANS, PROVISIONS, REFUSED))
+    return f"{counts} compared with settle() of the final inputs", problems
 
 
 def transient_needs(*sides: dict[str, r.Provision]) -> set[str]:

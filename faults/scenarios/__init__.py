@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from faults.scenarios import bad_input, cluster, kills, pause, restarts, sigkill, storm, warrants
+from faults.scenarios import bad_input, cluster, kills, pause, restarts, shards, sigkill, storm, warrants
 
 SCENARIOS: dict[str, ModuleType] = {
-    m.NAME: m for m in (kills, restarts, pause, sigkill, cluster, storm, bad_input, warrants)
+    m.NAME: m for m in (kills, restarts, pause, sigkill, shards, cluster, storm, bad_input, warrants)
 }

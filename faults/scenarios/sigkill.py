@@ -35,23 +35,29 @@ LEASE = 2.0
 
 
 class Processes:
-    """The seat processes of a run, each logging JSON to a file of its own."""
+    """The seat processes of a run, each logging JSON to a file of its own, and the writes it sends to another
+    (`faults.logged`: the write history's checker tells by them who wrote what)."""
 
-    def __init__(self, url: str, work: Path) -> None:
+    def __init__(self, url: str, work: Path, *, lease: float = LEASE, more: tuple[str, ...] = ()) -> None:
         self.url = url
         self.work = work
+        self.lease = lease
+        self.more = more
         self.all: list[subprocess.Popen[bytes]] = []
         self.logs: list[Path] = []
+        self.writes: list[Path] = []
 
     def start(self) -> subprocess.Popen[bytes]:
         """One more `serve` process."""
-        log = self.work / f"seat-{len(self.all) + 1}.log"
-        cmd = [sys.executable, "-m", "mesh_provisioner", "--nats", self.url, "--lease-seconds", str(LEASE),
-               "--log-format", "json", "serve"]
+        n = len(self.all) + 1
+        log, writes = self.work / f"seat-{n}.log", self.work / f"seat-{n}.writes"
+        cmd = [sys.executable, "-m", "faults.logged", str(writes), "--nats", self.url, "--lease-seconds",
+               str(self.lease), *self.more, "--log-format", "json", "serve"]
         with open(log, "wb") as out:
             p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=out)
         self.all.append(p)
         self.logs.append(log)
+        self.writes.append(writes)
         return p
 
     def by_pid(self, pid: int) -> subprocess.Popen[bytes] | None:
@@ -115,9 +121,10 @@ def run(p: Params) -> Run:
     changes = random_changes(random.Random(p.seed), p.count(CHANGES))
     kills = p.faults if p.faults is not None else KILLS
     at = {(i + 1) * len(changes) // (kills + 1) for i in range(kills)}
-    with Twin(p.work) as twin:
+    with Twin(p.work, leased=True, lease_seconds=LEASE) as twin:
         url = twin.disturbed.url
         procs = Processes(url, p.work)
+        twin.write_logs = procs.writes
         watch = HolderWatch(url)
         takeovers: list[tuple[float, int]] = []
         try:

@@ -48,8 +48,8 @@ def test_the_reliability_figures_are_the_runners_markdown_of_its_json() -> None:
     data = json.loads((ROOT / "docs" / "reliability.json").read_text())
     assert (ROOT / "docs" / "RELIABILITY.md").read_text() == render(data)
     assert LONG_COMMAND in (ROOT / "docs" / "RELIABILITY.md").read_text()
-    assert set(data["scenarios"]) == {"kills", "restarts", "pause", "sigkill", "cluster", "storm", "bad-input",
-                                      "warrants"}
+    assert set(data["scenarios"]) == {"kills", "restarts", "pause", "sigkill", "shards", "cluster", "storm",
+                                      "bad-input", "warrants"}
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ SMALL: dict[str, dict[str, Any]] = {
     "restarts": {"changes": 40, "faults": 2},
     "pause": {"changes": 20, "faults": 1},
     "sigkill": {"changes": 20, "faults": 1},
+    "shards": {"changes": 20, "faults": 1},
     "cluster": {"changes": 40, "faults": 1},
     "storm": {"changes": 2000},
     "bad-input": {"changes": 80, "inputs": 3000},

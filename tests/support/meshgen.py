@@ -45,6 +45,7 @@ from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules.judge import keeps_entries
 from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.settle import settle
+from meshcheck import settled
 
 Inputs = dict[tuple[str, str], bytes]
 
@@ -124,11 +125,8 @@ def generate(seed: int, *, restart: bool = False, cycles: bool = False) -> Gener
 
 
 def view_of(inputs: Iterable[tuple[tuple[str, str], bytes]], bound_reads: tuple[str, ...] = BOUND_READS) -> MemoryView:
-    """A view holding exactly these values, each at its own revision."""
-    view = MemoryView(bound_reads)
-    for revision, ((state, key), value) in enumerate(sorted(inputs), start=1):
-        view.put(state, key, value, revision)
-    return view
+    """A view holding exactly these values, each at its own revision (meshcheck.settled.view_of)."""
+    return settled.view_of(inputs, bound_reads)
 
 
 # ---- the mesh ---------------------------------------------------------------------------------------------------
