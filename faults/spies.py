@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
@@ -25,8 +25,11 @@ from nats.aio.client import Client
 from mesh_provisioner import seat as seat_module
 from mesh_provisioner.actors import node as node_actor
 from mesh_provisioner.bus import attachment as attachment_module
+from mesh_provisioner.bus.connection import subject_of
 from mesh_provisioner.bus.link import SeatClient
+from mesh_provisioner.bus.store import Applied, Store
 from mesh_provisioner.config import Config
+from mesh_provisioner.messages.writes import Write
 from meshcheck.history import EXPECTED, Intent
 
 _IN_REQUEST: contextvars.ContextVar[bool] = contextvars.ContextVar("in_request", default=False)
@@ -88,6 +91,14 @@ class CasSpy:
         nc.publish = spied_publish  # type: ignore[method-assign]
         return nc
 
+    def stored(self, subject: str, expected: int, revision: int) -> None:
+        """The server acknowledged a write of this process at `revision`: logged, so it names its writer outright."""
+        intent = Intent(self.pid, subject, expected, time.time(), revision)
+        self.intents.append(intent)
+        if self.sink is not None:
+            self.sink.write(intent.line())
+            self.sink.flush()
+
     def problems(self) -> list[str]:
         """Each write that was not a compare-and-set, or was sent without the lease."""
         out = [f"a write was not a compare-and-set: {b}" for b in self.blind[:10]]
@@ -109,13 +120,22 @@ def spied_runtimes(spy: CasSpy) -> Iterator[CasSpy]:
     async def open_spied(config: Config, within: float, said: Callable[[str], None] | None = None) -> Client:
         return spy.wrap(await real_bus(config, within, said))
 
+    async def apply_spied(self: Store, writes: Iterable[Write]) -> Applied:
+        applied = await real_apply(self, writes)
+        for write, revision in applied.done:
+            spy.stored(subject_of(write.state, write.key), write.revision, revision)
+        return applied
+
+    real_apply = Store.apply
     attachment_module.connect_config = connect_spied
     seat_module.open_bus = open_spied  # type: ignore[attr-defined]
+    Store.apply = apply_spied  # type: ignore[method-assign]
     try:
         yield spy
     finally:
         attachment_module.connect_config = real
         seat_module.open_bus = real_bus  # type: ignore[attr-defined]
+        Store.apply = real_apply  # type: ignore[method-assign]
 
 
 class ComposeSpy:

@@ -22,11 +22,13 @@ pid, the subject and the expected revision; faults/spies.py `CasSpy`, which a se
 `python -m faults.logged` wears too). A stored write is the writer's whose intent matches its subject and its
 predecessor, sent between the moment the predecessor was stored (the writer read it) and the moment the write was
 (the same revision is expected again later, by a create that fails on a key that exists, say: those come after).
-Two processes that sent the same (subject, expected) within that window make it ambiguous, which is a finding: at
-most one of them could hold the key's lease. The processes, the server and the checker share one host and its
-clock; the window is widened by a millisecond each side, which can only make a write ambiguous, never misattribute
-it. A write no process sent (another module's connection, a blind put) has no
-writer, which is a finding too: only the seat writes its states (contract section 4).
+Two processes that sent the same (subject, expected) within that window make it ambiguous (a process killed with its
+write sent, say, and the key's next holder sending the same one), unless the server's acknowledgement settles it:
+each process logs each write the server acknowledged, with the sequence it was stored at, and that names the writer
+outright. An ambiguous write with no acknowledgement is a finding: at most one of them could hold the key's lease.
+The processes, the server and the checker share one host and its clock; the window is widened by a millisecond
+each side, which can only make a write ambiguous, never misattribute it. A write no process sent (another module's
+connection, a blind put) has no writer, which is a finding too: only the seat writes its states (contract section 4).
 
 **Whose lease it was.** A lease is a key of `mesh-provisioner.seat`: `holder` for a seat of one shard, `shard.<i>` for
 the shard a key's node is in (contract 8.1, `rules/shards.py` `shard_of_write`). At the moment the server stored a
@@ -67,17 +69,19 @@ SLACK = 0.001  # seconds either side of a write's window (the module's docstring
 
 class Intent(NamedTuple):
     """A compare-and-set a process sent to one of the seat's states: its pid, the subject, the revision expected, and
-    when it was sent (`time.time()`: the host's clock, which the server on the same host stamps messages by)."""
+    when it was sent (`time.time()`: the host's clock, which the server on the same host stamps messages by); or,
+    with `stored`, the server's acknowledgement that it stored that process's write at that sequence."""
 
     pid: int
     subject: str
     expected: int
     sent: float
+    stored: int = 0
 
     def line(self) -> str:
         """The intent as one line of a write log."""
         return json.dumps({"pid": self.pid, "subject": self.subject, "expected": self.expected,
-                           "sent": self.sent}) + "\n"
+                           "sent": self.sent, "stored": self.stored}) + "\n"
 
 
 def read_intents(path: Path) -> list[Intent]:
@@ -91,7 +95,8 @@ def read_intents(path: Path) -> list[Intent]:
     for line in text.splitlines():
         try:
             d = json.loads(line)
-            out.append(Intent(int(d["pid"]), str(d["subject"]), int(d["expected"]), float(d["sent"])))
+            out.append(Intent(int(d["pid"]), str(d["subject"]), int(d["expected"]), float(d["sent"]),
+                              int(d.get("stored", 0))))
         except (ValueError, KeyError, TypeError):
             continue
     return out
@@ -188,8 +193,12 @@ def attribute(entries: list[Entry], intents: Iterable[Intent], before: dict[str,
     """Each write of the seat's states (the lease bucket aside) with the pid whose compare-and-set it was (the
     module's docstring)."""
     senders: dict[tuple[str, int], list[Intent]] = defaultdict(list)
+    acked: dict[tuple[str, int], int] = {}  # (subject, sequence) -> the pid the server acknowledged it to
     for i in intents:
-        senders[(i.subject, i.expected)].append(i)
+        if i.stored:
+            acked[(i.subject, i.stored)] = i.pid
+        else:
+            senders[(i.subject, i.expected)].append(i)
     out = Attributed([], [], 0)
     by_state: dict[str, list[Entry]] = defaultdict(list)
     for e in entries:
@@ -215,6 +224,9 @@ def attribute(entries: list[Entry], intents: Iterable[Intent], before: dict[str,
             last_on[e.subject] = e.seq
             if previous < gap_after:
                 out.unchecked += 1  # its predecessor may be in the gap: the writer cannot be told
+                continue
+            if (e.subject, e.seq) in acked:
+                out.writes.append((e, acked[(e.subject, e.seq)]))  # its writer was told it stored it
                 continue
             earliest = stored.get(previous, float("-inf")) - SLACK
             latest = e.at.timestamp() + SLACK

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from faults.scenarios.sigkill import Processes
 from faults.servers import server
 from faults.spies import CasSpy
 from mesh_provisioner.bus.embedded import EmbeddedServer
-from mesh_provisioner.contract import DEFAULT_BOUND_READS, PLANS, PROVISIONS, bucket
+from mesh_provisioner.contract import DEFAULT_BOUND_READS, PLANS, PROVISIONS, REFUSED, bucket
 from meshcheck import check, history
 from meshcheck.bus import Bus, until
 
@@ -91,3 +92,17 @@ def test_the_write_history_and_settle_find_a_write_without_the_shard_and_a_lost_
         procs.stop()
         rogue.close()
         bus.close()
+
+
+def test_an_acknowledged_write_names_its_writer_where_two_processes_sent_the_same_compare_and_set() -> None:
+    # A process killed with its create sent, and the key's next holder sending the same create: the server stored
+    # one of them; its acknowledgement says whose.
+    subject = "$KV.mesh-provisioner_refused.bee.gitea"
+    stored_at = datetime(2026, 12, 4, 14, 0, 5, tzinfo=UTC)
+    entry = history.Entry(REFUSED, "bee.gitea", subject, 1, stored_at, "put", b"{}")
+    sent = [history.Intent(111, subject, 0, stored_at.timestamp() - 3), history.Intent(222, subject, 0,
+                                                                                        stored_at.timestamp() - 0.01)]
+    ambiguous = history.attribute([entry], sent)
+    assert ambiguous.writes == [] and "cannot be told apart" in ambiguous.problems[0]
+    acked = history.attribute([entry], [*sent, history.Intent(222, subject, 0, stored_at.timestamp(), 1)])
+    assert acked.problems == [] and acked.writes == [(entry, 222)]
