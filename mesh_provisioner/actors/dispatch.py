@@ -78,12 +78,13 @@ class Dispatcher:
 
     def changed(
         self, tokens: set[Token], route: Callable[[Judgment], str], at: float = 0.0,
-        writers: Iterable[Judgment] = (), count: int = 0,
+        writers: Iterable[Judgment] = (), count: int = 0, spared: Token | None = None,
     ) -> None:
         """A change (the view's `count`th) touched `tokens`: queue every judgment that read one (at the actor `route`
         names), and note it with every run under way. The judgments that wrote the change (`writers`) are not woken
         by it: their run already holds what they wrote (contract 6's fixed point: a judgment run again over its own
-        writes writes nothing)."""
+        writes writes nothing). Nor are the compositions that read only the token `spared` of them: the change is one
+        they would make alike (actors/routing.py)."""
         mine = set(writers)
         writer = next(iter(mine)) if len(mine) == 1 else None
         kicks: list[str] = []
@@ -99,6 +100,8 @@ class Dispatcher:
                 readers = self._readers.get(t)
                 if readers is None:
                     continue
+                if t == spared:
+                    readers = [j for j in ((readers,) if isinstance(readers, tuple) else readers) if j[0] != COMPOSE]
                 if isinstance(readers, tuple):
                     woken.add(readers)
                 else:

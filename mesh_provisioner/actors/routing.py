@@ -17,8 +17,9 @@ from mesh_provisioner.actors.dispatch import COMPOSE, JUDGE, LOOK, Dispatcher, J
 from mesh_provisioner.contract import ASK_RECORDS, BUILDS, MANIFESTS, MODULES, PLACEMENT, PROVISIONS
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules.keys import is_token
-from mesh_provisioner.rules.reads import NODE_STATES, touched
+from mesh_provisioner.rules.reads import NODE_STATES, token, touched
 from mesh_provisioner.rules.view import Entry, View, group_of, not_a_node
+from mesh_provisioner.rules.writing import judged_alike
 
 log = logging.getLogger("mesh_provisioner.actors.routing")
 
@@ -49,7 +50,12 @@ class Router:
             self.no_node(key)
         route = partial(self.route, state, key)
         writers = self.dispatcher.writers(state, key) if ours else ()
-        self.dispatcher.changed(touched(self.view(), state, key, old, new), route, time.monotonic(), writers, count)
+        tokens = touched(self.view(), state, key, old, new)
+        # A key's state, why and reference come from its provider's outcome alone (5.3): a key's own judgment, woken by
+        # every input of that outcome, keeps them. When one of the seat's key judgments changed only those, the node
+        # compositions that read the key would compute the same outcome and write nothing: they are not woken by it.
+        spared = token("get", state, key) if writers and _judged_only(state, writers, old, new) else None
+        self.dispatcher.changed(tokens, route, time.monotonic(), writers, count, spared)
         if new is None:
             return
         node = group_of(state, key)
@@ -98,3 +104,12 @@ class Router:
         if state in (MODULES, MANIFESTS, BUILDS, ASK_RECORDS) or not is_token(node) or not mine:
             node = subject.split(".", 1)[0]
         return f"node:{node}" if is_token(node) else ASKER
+
+
+def _judged_only(state: str, writers: list[Judgment], old: Entry | None, new: Entry | None) -> bool:
+    """Whether a provision's change was made by key judgments alone and changed only what its provider's outcome says
+    (`state`, `why`, `reference`, and `at` and `v` with them): nothing a composition decides."""
+    if state != PROVISIONS or old is None or new is None or any(kind != JUDGE for kind, _ in writers):
+        return False
+    was, now = old.get(r.Provision), new.get(r.Provision)
+    return was is not None and now is not None and judged_alike(was, now)

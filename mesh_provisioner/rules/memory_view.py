@@ -80,6 +80,10 @@ class MemoryView:
         """Every provision key whose depends-on names a key."""
         return set(self._dependents.get(key, ()))
 
+    def unrecorded(self) -> MemoryView:
+        """This view: it records nothing."""
+        return self
+
     def judged_on(self, node: str) -> list[str]:
         """The provision keys a node's composition judges: all of the node's but the shared credentials that other
         nodes depend on, which those nodes judge (section 5.2)."""

@@ -241,17 +241,17 @@ def _write_plans(
 def _judge_elsewhere(writes: Writes, needed: dict[str, r.Provision], now: datetime, out: r.Composed) -> None:
     """Judge each needed key of another node (a provider's shared credential); that node keeps it while needed."""
     for key, want in sorted(needed.items()):
-        said = _judge_shared(writes, key, want, now)
+        said = _judge_shared(writes, key, want, now, writes.view.unrecorded())
         if said:
             out.provisions_changed.append(said)
 
 
-def _judge_shared(writes: Writes, key: str, want: r.Provision, now: datetime) -> str:
-    """Bring a provider's shared credential to what its provider says of it, its reference kept; answers what
-    changed ("" when nothing did)."""
+def _judge_shared(writes: Writes, key: str, want: r.Provision, now: datetime, judged: View) -> str:
+    """Bring a provider's shared credential to what its provider says of it (read from `judged`), its reference
+    kept; answers what changed ("" when nothing did)."""
     have, _ = provision_of(writes.view, key)
     kept = want if have is None else msgspec.structs.replace(want, reference=have.reference)
-    nxt = outcome(writes.view, key, kept)
+    nxt = outcome(judged, key, kept)
     if have is not None and same(have, nxt):
         return ""
     writes.provision(key, nxt, now)
@@ -290,6 +290,10 @@ def _judge_node(
 ) -> None:
     """Bring the node's keys to what is needed and what each provider said; retire the rest, asking first."""
     view = writes.view
+    # What a key's provider says of it is read, not recorded: the key's own judgment reads it and keeps the key's
+    # state (5.3, `rejudge`), so a provider's have or want changing wakes that key's judgment, not every composition
+    # of a node whose keys it provides. The composition still writes what it finds.
+    judged = view.unrecorded()
     kept: dict[str, r.Provision] = {}
     for key in view.judged_on(node):
         p, _ = provision_of(view, key)
@@ -315,7 +319,7 @@ def _judge_node(
             nxt = needed[key]
             if have is not None:
                 nxt = msgspec.structs.replace(nxt, reference=have.reference)
-            nxt = outcome(view, key, nxt)
+            nxt = outcome(judged, key, nxt)
         elif have is not None and have.state == r.RETIRING:
             nxt = have
             if not nxt.ask and nxt.warrant is None:
@@ -382,7 +386,7 @@ def rejudge(view: View, key: str, now: datetime, writes_on: Callable[[str], bool
     writes = Writes(view)
     want = shared_credential(view, key, writes_on) if writes_on is not None else None
     if want is not None:
-        said = _judge_shared(writes, key, want, now)
+        said = _judge_shared(writes, key, want, now, writes.view)
         return Judged(said, writes.done())
     have, _ = provision_of(view, key)
     if have is None:

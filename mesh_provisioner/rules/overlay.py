@@ -20,6 +20,12 @@ class Overlay:
         self.bound_reads = base.bound_reads
         self._over: dict[tuple[str, str], Entry | None] = {}
 
+    def unrecorded(self) -> Overlay:
+        """The same writes over the view below's unrecorded view."""
+        quiet = Overlay(self.base.unrecorded())
+        quiet._over = self._over
+        return quiet
+
     def lay(self, state: str, key: str, raw: bytes | None) -> None:
         """Lay a write over the view: a value, or None for a delete."""
         self._over[(state, key)] = None if raw is None else entry_of(state, key, raw, 0)

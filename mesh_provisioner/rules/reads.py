@@ -121,6 +121,10 @@ class Reads:
         self._read("dependents", key)
         return self.base.dependents(key)
 
+    def unrecorded(self) -> View:
+        """The view below: what is read through it is not in this judgment's read set."""
+        return self.base.unrecorded()
+
     def judged_on(self, node: str) -> list[str]:
         """The provision keys a node's composition judges; recorded as that list, not as the node's keys."""
         self._read("judged", node)

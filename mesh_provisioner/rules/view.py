@@ -137,6 +137,11 @@ class View(Protocol):
         nodes depend on, which those nodes judge (section 5.2)."""
         ...
 
+    def unrecorded(self) -> View:
+        """The same view, what is read through it not recorded as the judgment's (rules/reads.py): for what another
+        judgment reads and answers for (a key's outcome, which the key's own judgment keeps)."""
+        ...
+
     def needing(self, provision: str) -> set[str]:
         """Every node with a plan that names a provision."""
         ...

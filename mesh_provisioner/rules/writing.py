@@ -73,6 +73,14 @@ def same(a: r.Provision, b: r.Provision) -> bool:
     return msgspec.structs.replace(a, at=None, v=0) == msgspec.structs.replace(b, at=None, v=0)
 
 
+def judged_alike(a: r.Provision, b: r.Provision) -> bool:
+    """Whether two provisions differ at most in what their provider's outcome says (5.3: `state`, `why`,
+    `reference`), `at` and `v` aside: the same provision of the same consumer, depending on the same keys, with the
+    same ask."""
+    aside = {"state": "", "why": "", "reference": None, "at": None, "v": 0}
+    return msgspec.structs.replace(a, **aside) == msgspec.structs.replace(b, **aside)
+
+
 def said(*words: str) -> str:
     """The first of the words that says something (the seeds' orSaid)."""
     return next((w for w in words if w.strip()), "")
