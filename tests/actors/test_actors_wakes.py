@@ -179,6 +179,18 @@ def test_have_of_a_provider_judges_its_keys_on_other_nodes(sup: Runtime, mesh: B
     assert_fixed_point(mesh)
 
 
+def test_5_3_a_providers_have_judges_its_consumers_keys_and_composes_no_consumers_node(
+    sup: Runtime, mesh: Bus
+) -> None:
+    # What a provider says sets its keys' state alone (5.3): the keys' own judgments take it; bee, whose webapp's key
+    # keycloak provides, is not composed again for it (ace is: the have is of a module on ace, section 6).
+    before = sup.metrics.compositions._value.get()
+    change(sup, mesh, HAVE, "ace.keycloak", {"fp": "kc1", "phase": "failed", "health": "failed", "detail": "oom"})
+    assert state_of(mesh, "bee.webapp.oidc-client") == r.FAILED
+    assert sup.metrics.compositions._value.get() - before == 1
+    assert_fixed_point(mesh)
+
+
 def test_have_of_a_module_with_no_want_composes_it_at_that_build(sup: Runtime, mesh: Bus) -> None:
     # bee runs mailer at ml1 with no want: it is composed at the build its have names.
     change(sup, mesh, WANTS, "want.bee.mailer", {"fp": "", "removed": True})
