@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
+import subprocess
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
@@ -74,3 +76,14 @@ class NatsServer(EmbeddedServer):
     def __init__(self, root: Path) -> None:
         super().__init__(store=root)
         self.store_dir = root / "js"
+
+
+def stop(p: subprocess.Popen[bytes]) -> int:
+    """SIGTERM a process and answer its exit code (SIGKILL should it not exit within 30 s)."""
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+    try:
+        return p.wait(30)
+    finally:
+        if p.poll() is None:
+            p.kill()

@@ -22,7 +22,7 @@ from pathlib import Path
 import nats
 import nats.js.errors
 import pytest
-from helpers import NatsServer, free_port, wait_until
+from helpers import NatsServer, free_port, stop, wait_until
 
 from mesh_provisioner.bus.connection import ensure_buckets
 from mesh_provisioner.bus.lease import SeatLease
@@ -87,17 +87,6 @@ def revisions(loop: EventLoopThread, url: str) -> dict[str, int]:
             await nc.close()
 
     return loop.run(read(), 10)
-
-
-def stop(p: subprocess.Popen[bytes]) -> int:
-    """SIGTERM a process and answer its exit code."""
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-    try:
-        return p.wait(30)
-    finally:
-        if p.poll() is None:
-            p.kill()
 
 
 def test_8_standby_takes_over_within_twice_the_lease_after_sigkill(bus: tuple[NatsServer, EventLoopThread]) -> None:

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
-from helpers import NatsServer, wait_until
+from helpers import NatsServer, stop, wait_until
 
 from mesh_provisioner.contract import SEAT
 from mesh_provisioner.messages import records as r
@@ -72,16 +72,6 @@ def differences(runner: Runner, inputs: Inputs) -> list[str]:
     """How the bus differs from `settle()` of the inputs, and from its own fixed point."""
     live: MemoryView = runner.snapshot()
     return compare(expected(inputs), live) + off_fixed_point(live)
-
-
-def stop(p: subprocess.Popen[bytes]) -> int:
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-    try:
-        return p.wait(30)
-    finally:
-        if p.poll() is None:
-            p.kill()
 
 
 @pytest.mark.parametrize("seed", SEEDS)
