@@ -65,6 +65,10 @@ class RemoteView:
 
     # ---- the two reads ------------------------------------------------------------------------------------------
 
+    def unrecorded(self) -> RemoteView:
+        """This view: it records nothing."""
+        return self
+
     def get(self, state: str, key: str) -> Entry | None:
         """One `kv.get` on the bus."""
         kv = self._buckets.get(state)

@@ -55,13 +55,14 @@ class AskerActor(SeatActor):
         """Publish a retiring key's ask unless the router holds it; take its answer once it is decided.
 
         An ask is checked just before it goes out: one dead before it did (its expiry passed) is replaced in the key
-        by a new one, as is one whose answer ended with no choice (5.4); the new ask's write wakes this key again,
-        and the new ask goes out then.
+        by a new one, as is one whose answer ended with no choice (5.4); the look runs again once its write is made,
+        and the new ask goes out then (its own write wakes no judgment that made it: actors/dispatch.py).
         """
         p, _ = provision_of(view, key)
         if p is None or p.state != r.RETIRING or not p.ask or p.warrant is not None:
             return
         said: list[str] = []
+        made: list[Write] = []  # the writes of the last try
         j: Judgment = (LOOK, key)
         answered = view.get(ASK_RECORDS, p.ask) is not None
         if not answered:
@@ -80,6 +81,7 @@ class AskerActor(SeatActor):
                 again = outgoing(view, key, self.seat.now())
                 said[:] = [again.said]
                 writes = again.writes if again.ask is None else []
+                made[:] = writes
                 return writes, {(w.state, w.key): j for w in writes}
 
         else:
@@ -87,9 +89,12 @@ class AskerActor(SeatActor):
             def judge() -> tuple[list[Write], Mapping[tuple[str, str], Judgment]]:
                 decided = decide(view, key, self.seat.now(), self.seat.verify)
                 said[:] = [decided.said]
+                made[:] = decided.writes
                 return decided.writes, {(w.state, w.key): j for w in decided.writes}
 
         why = self.write(judge, 0.0, [j])
+        if not why and made:
+            self.seat.dispatcher.add([j], self.name)  # what it wrote is looked at next: a new ask goes out
         if why:
             log.warning("the %s of %s is not written: %s", "answer" if answered else "new ask", key, why)
         elif said and said[0]:
