@@ -175,7 +175,9 @@ class Seat:
             if timeout is not None and waited >= timeout:
                 return False
             if not announced:
-                log.info("another process holds the seat: waiting as a standby")
+                sharded = isinstance(self.lease, ShardLeases)
+                log.info("%s", "every shard of the seat is held: waiting for this process's share" if sharded
+                         else "another process holds the seat: waiting as a standby")
                 announced = True
             stop.wait(every)
             waited += every

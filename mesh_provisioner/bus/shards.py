@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import UTC, datetime
 
+import msgspec
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
@@ -20,7 +22,7 @@ from nats.js.kv import KeyValue
 from mesh_provisioner.bus.connection import open_bucket
 from mesh_provisioner.bus.lease import SAFETY, SeatLease
 from mesh_provisioner.bus.watch import content, drop_watch, first_values
-from mesh_provisioner.contract import LEASE_SECONDS, MEMBER_KEY_PREFIX, SEAT
+from mesh_provisioner.contract import HOLDER_KEY, LEASE_SECONDS, MEMBER_KEY_PREFIX, SEAT, SHARD_KEY_PREFIX
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.rules.shards import member_key, parse_shard_key, rebalance, shard_key, shard_of, shard_of_write
@@ -37,9 +39,14 @@ class ShardLeases(SeatLease):
         super().__init__(nc, seconds, holder=holder)
         self.shards = shards
         self._taken: set[int] = set()  # shards taken since `taken` was last asked
+        self._said: set[str] = set()  # the processes of another shard count already said
         self._revisions: dict[int, int] = {}  # each shard held: the revision this process wrote
         self._deadlines: dict[int, float] = {}  # each shard held: monotonic time until which this process writes it
         self._renewed: dict[int, float] = {}  # each shard held: when its lease was last written
+
+    def record(self) -> r.Lease:
+        """The lease record this process writes, with the shard count it runs with (8.1: the same for every process)."""
+        return msgspec.structs.replace(super().record(), shards=self.shards)
 
     # ---- what this process may do now ---------------------------------------------------------------------
 
@@ -163,11 +170,17 @@ class ShardLeases(SeatLease):
 
     async def _rebalance(self, kv: KeyValue) -> None:
         """Take free shards up to the fair share and give back those past it (rules/shards.py `rebalance`)."""
-        holders, members = await self._read(kv)
+        holders, members, others = await self._read(kv)
         for shard, holder in holders.items():
-            if holder != self.holder and shard in self._revisions:
+            if holder and holder != self.holder and shard in self._revisions:
                 self._drop(shard)  # someone else holds it: ours lapsed and was taken
         take, give = rebalance(self.shards, self.holder, holders, members)
+        if others:
+            # Processes of two shard counts would split the nodes two ways, each writing some of the other's: while one
+            # of another count holds any lease, this one takes nothing, and gives back all if that one was first.
+            take = []
+            if others < (self._since or datetime.max.replace(tzinfo=UTC), self.holder):
+                give = sorted(self._revisions)
         taken: list[int] = []
         for shard in take:
             asked = time.monotonic()
@@ -191,12 +204,14 @@ class ShardLeases(SeatLease):
             self._drop(shard)  # no write of its nodes from now on, before another can take it
             await _delete(kv, shard_key(shard), revision)
         if taken:
-            log.info("this process holds shards %s of the seat (holder %s)", _listed(taken), self.holder)
+            log.info("this process took shards %s of the seat, and holds %d of %d (holder %s)", _listed(taken),
+                     len(self._revisions), self.shards, self.holder)
         if give:
             log.info("gave shards %s of the seat back to the processes that joined", _listed(give))
 
-    async def _read(self, kv: KeyValue) -> tuple[dict[int, str], set[str]]:
-        """Who holds each shard now, and the processes announced live, as the bucket says."""
+    async def _read(self, kv: KeyValue) -> tuple[dict[int, str], set[str], tuple[datetime, str] | None]:
+        """Who holds each shard now, the processes announced live, as the bucket says; and the earliest lease held by
+        a process of another shard count (since when, and its holder id), None when there is none."""
         _, info = await open_bucket(self.nc.jetstream(), SEAT)
         watcher = await kv.watchall()
         try:
@@ -206,6 +221,7 @@ class ShardLeases(SeatLease):
             await drop_watch(self.nc, self.nc.jetstream(), info.config.name or "", watcher)
         holders: dict[int, str] = {}
         members: set[str] = set()
+        others: list[tuple[datetime, str]] = []
         for key, entry in values.items():
             value, _ = content(entry)
             if value is None:
@@ -215,11 +231,28 @@ class ShardLeases(SeatLease):
                 log.warning("the seat's %s is not a lease: it is ignored", key)
                 continue
             shard = parse_shard_key(key, self.shards)
-            if shard is not None:
+            if key == HOLDER_KEY or (key.startswith(SHARD_KEY_PREFIX) and lease.shards != self.shards):
+                # A lease of another shard count (the whole seat's `holder` is one): not counted live, and held.
+                self._other(lease, "holds the whole seat (--shards 1)" if key == HOLDER_KEY
+                            else f"runs with --shards {lease.shards or 1}")
+                others.append((lease.since or datetime.min.replace(tzinfo=UTC), lease.holder))
+                if shard is not None:
+                    holders[shard] = ""
+            elif lease.shards != self.shards:
+                self._other(lease, f"runs with --shards {lease.shards or 1}")  # announced only: not counted live
+            elif shard is not None:
                 holders[shard] = lease.holder
             elif key.startswith(MEMBER_KEY_PREFIX):
                 members.add(lease.holder)
-        return holders, members
+        return holders, members, min(others, default=None)
+
+    def _other(self, lease: r.Lease, what: str) -> None:
+        """Say once that a process of this mesh runs with another shard count than this one (8.1: they must agree)."""
+        if lease.holder in self._said:
+            return
+        self._said.add(lease.holder)
+        log.error("process %d on %s %s, this one with --shards %d: every process of a mesh must use the same count; "
+                  "it is not counted, and what it holds is not taken", lease.pid, lease.host or "?", what, self.shards)
 
     def _drop(self, shard: int) -> None:
         self._revisions.pop(shard, None)

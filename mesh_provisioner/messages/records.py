@@ -250,12 +250,14 @@ class RegistryEntry(Record, frozen=True):
 
 
 class Lease(Record, frozen=True):
-    """`mesh-provisioner.seat` `holder`: the lease of the seat's holder (section 8)."""
+    """`mesh-provisioner.seat` `holder`: the lease of the seat's holder (section 8); also each `shard.<i>` and
+    `member.<holder>` of a partitioned seat (8.1), which say the shard count their process runs with."""
 
     holder: str = ""
     host: str = ""
     pid: int = 0
     since: datetime | None = None
+    shards: int = 0
 
 
 # ---- the operator's channel (section 5.4) -------------------------------------------------------------------

@@ -73,8 +73,10 @@ def rebalance(
     fair share and gives back those it holds past it, so that a process that joins finds shards to take once the
     others gave theirs back. Each prefers its own stretch of the shards, by its place among the live processes:
     processes starting together do not race for the same free shards, and every process reaches the same split.
+    A shard whose holder is "" is held by a process that is not counted (one of another shard count): not free, and
+    not a live process.
     """
-    live = sorted(set(members) | set(holders.values()) | {mine})
+    live = sorted(set(members) | {h for h in holders.values() if h} | {mine})
     rank = live.index(mine)
     share = fair_share(shards, len(live), rank)
     start = sum(fair_share(shards, len(live), i) for i in range(rank)) % shards

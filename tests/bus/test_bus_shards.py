@@ -3,6 +3,9 @@ another process joins, and every write checked against its key's shard's lease."
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 from nats.aio.client import Client
 
 from mesh_provisioner.bus.connection import ensure_buckets
@@ -62,3 +65,18 @@ def test_8_1_every_write_checks_its_shards_lease_and_the_registry_and_needs_go_w
         assert a.guard(Put(state, "default", b"{}", 0)) == ""
     a.lapse()
     assert "does not hold shard" in a.guard(Put(PLANS, f"{theirs}.gitea", b"{}", 0)), "a lapsed lease writes nothing"
+
+
+def test_8_1_a_process_of_another_shard_count_is_said_and_not_counted_and_the_mesh_stays_composed(
+    loop: EventLoopThread, nc: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    loop.run(ensure_buckets(nc.jetstream(), SEAT_STATES, lease=LEASE), 10)
+    a, b = ShardLeases(nc, SHARDS, LEASE, holder="a"), ShardLeases(nc, 2 * SHARDS, LEASE, holder="b")
+    assert loop.run(a.take(), 10)
+    with caplog.at_level(logging.ERROR, logger="mesh_provisioner.bus.shards"):
+        assert not loop.run(b.take(), 10), "a process of another count takes nothing a process of this one holds"
+        assert loop.run(a.renew(), 10)
+    assert a.mine() == [0, 1, 2, 3], "the process of the other count is not counted: nothing is given to it"
+    said = [rec.getMessage() for rec in caplog.records]
+    assert any("runs with --shards 4, this one with --shards 8" in m for m in said), said
+    assert any("runs with --shards 8, this one with --shards 4" in m for m in said), said

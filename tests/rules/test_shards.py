@@ -182,3 +182,10 @@ def test_8_1_a_shared_credential_of_a_node_another_process_depends_on_is_made_by
                 assert made is not None, f"seed {seed}: {key} was not made by its node's writer"
                 break
     assert found, "no mesh had a shared credential other nodes depend on: the test checks nothing"
+
+
+def test_8_1_a_shard_held_by_a_process_not_counted_is_neither_free_nor_a_live_process() -> None:
+    # A process of another shard count holds shards 0 and 1 (its holder not counted: ""): this one, alone, takes the
+    # rest, and counts only itself.
+    take, give = rebalance(4, "a", {0: "", 1: ""}, ["a"])
+    assert (take, give) == ([2, 3], [])
