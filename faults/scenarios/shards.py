@@ -21,13 +21,13 @@ import threading
 import time
 
 from faults.mesh import NODES, final_changes, random_changes
-from faults.scenarios.sigkill import Processes
+from faults.scenarios.sigkill import LeaseWatch, Processes
 from faults.twin import SETTLE_SECONDS, Params, Run, Twin, finish
 from mesh_provisioner.contract import SEAT
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules.shards import parse_shard_key, shard_of
 from meshcheck import check
-from meshcheck.bus import Bus, until
+from meshcheck.bus import until
 
 NAME = "shards"
 FAULTS = "shard processes of a partitioned seat killed (SIGKILL), each followed by one joining"
@@ -42,42 +42,29 @@ LOOK = min(LEASE / 5, 1.0)
 TAKEOVER_BOUND = LEASE * 1.2 + LOOK
 
 
-class ShardWatch:
-    """Reads the shard leases every 50 ms on a connection of its own: the pid holding each shard, over time."""
+class ShardWatch(LeaseWatch):
+    """The pid holding each shard, as last read."""
 
     def __init__(self, url: str) -> None:
-        self.bus = Bus(url)
+        super().__init__(url, "faults-shard-watch")
         self.holders: dict[int, int] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="faults-shard-watch", daemon=True)
-        self._thread.start()
+        self.start()
 
-    def _watch(self) -> None:
-        while not self._stop.wait(POLL):
-            try:
-                entries = self.bus.entries(SEAT)
-            except Exception:  # the bus away for a moment: read again at the next tick
-                continue
-            now: dict[int, int] = {}
-            for key, value in entries.items():
-                shard = parse_shard_key(key, SHARDS)
-                lease = r.decode(r.Lease, value)
-                if shard is not None and lease is not None:
-                    now[shard] = lease.pid
-            with self._lock:
-                self.holders = now
+    def look(self) -> None:
+        now: dict[int, int] = {}
+        for key, value in self.bus.entries(SEAT).items():
+            shard = parse_shard_key(key, SHARDS)
+            lease = r.decode(r.Lease, value)
+            if shard is not None and lease is not None:
+                now[shard] = lease.pid
+        with self._lock:
+            self.holders = now
 
     def held(self) -> dict[int, int]:
         """The pid holding each shard, as last read."""
         with self._lock:
             return dict(self.holders)
-
-    def close(self) -> None:
-        """Stop watching."""
-        self._stop.set()
-        self._thread.join(5)
-        self.bus.close()
 
 
 def run(p: Params) -> Run:

@@ -82,37 +82,56 @@ class Processes:
         return problems
 
 
-class HolderWatch:
-    """Reads the lease every 50 ms on a connection of its own: who holds the seat, and since when."""
+class LeaseWatch:
+    """Reads the seat's lease bucket every 50 ms on a connection of its own, on a thread of its own, until closed;
+    each subclass says what it keeps of each reading (`look`)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, name: str) -> None:
         self.bus = Bus(url)
-        self.holder = 0
-        self.changes: list[tuple[float, int]] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="faults-holder-watch", daemon=True)
+        self._thread = threading.Thread(target=self._watch, name=name, daemon=True)
+
+    def start(self) -> None:
+        """Start reading."""
         self._thread.start()
+
+    def look(self) -> None:
+        """One reading of the bucket."""
+        raise NotImplementedError
 
     def _watch(self) -> None:
         while not self._stop.wait(0.05):
             try:
-                value = self.bus.get(SEAT, HOLDER_KEY)
+                self.look()
             except Exception:  # the bus away for a moment: read again at the next tick
                 continue
-            pid = r.decode(r.Lease, value).pid if value else 0
-            if pid != self.holder:
-                self.holder = pid
-                self.changes.append((time.monotonic(), pid))
-
-    def taken_after(self, at: float, other_than: int) -> float | None:
-        """Seconds from `at` until a process other than `other_than` held the seat; None when none did."""
-        return next((t - at for t, pid in self.changes if t >= at and pid and pid != other_than), None)
 
     def close(self) -> None:
         """Stop watching."""
         self._stop.set()
         self._thread.join(5)
         self.bus.close()
+
+
+class HolderWatch(LeaseWatch):
+    """Who holds the seat, and since when."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url, "faults-holder-watch")
+        self.holder = 0
+        self.changes: list[tuple[float, int]] = []
+        self.start()
+
+    def look(self) -> None:
+        value = self.bus.get(SEAT, HOLDER_KEY)
+        pid = r.decode(r.Lease, value).pid if value else 0
+        if pid != self.holder:
+            self.holder = pid
+            self.changes.append((time.monotonic(), pid))
+
+    def taken_after(self, at: float, other_than: int) -> float | None:
+        """Seconds from `at` until a process other than `other_than` held the seat; None when none did."""
+        return next((t - at for t, pid in self.changes if t >= at and pid and pid != other_than), None)
 
 
 def run(p: Params) -> Run:
