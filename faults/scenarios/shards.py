@@ -160,7 +160,5 @@ def run(p: Params) -> Run:
                 settle_after_each_fault_seconds=[round(t, 2) for t in settles])
         finally:
             watch.close()
-            out.lost += procs.stop()
-            for log in procs.logs:
-                out.errors += check.process_errors(log)
+            procs.end(out)
     return out

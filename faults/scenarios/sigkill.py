@@ -60,6 +60,12 @@ class Processes:
         self.writes.append(writes)
         return p
 
+    def end(self, out: Run) -> None:
+        """Stop every process; what did not stop cleanly is lost in `out`, and each exception in their logs an error."""
+        out.lost += self.stop()
+        for log in self.logs:
+            out.errors += check.process_errors(log)
+
     def by_pid(self, pid: int) -> subprocess.Popen[bytes] | None:
         """The process of a pid, when it is one of these."""
         return next((p for p in self.all if p.pid == pid), None)
@@ -204,7 +210,5 @@ def run(p: Params) -> Run:
             out.figures.update(lease_seconds=LEASE, processes=len(procs.all))
         finally:
             watch.close()
-            out.lost += procs.stop()
-            for log in procs.logs:
-                out.errors += check.process_errors(log)
+            procs.end(out)
     return out
