@@ -4,12 +4,18 @@ The store's batches go out this way (store.py): a batch is published whole, then
 with at most `IN_FLIGHT` messages of a connection waiting for theirs at once. The inbox is made at first use and kept
 by the connection's Link, so that stores made again and again on a connection subscribe once, and a host's
 connection given back is unsubscribed.
+
+A message whose answer has not come `RESEND_AFTER` s after it went out is sent again, as long as the sender allows
+it: on a cluster, a stream's leader that dies with a message in flight never answers, and the new leader (elected in
+a few seconds) answers the message sent again. Waiting the whole timeout for the first answer held such a write for
+ten seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Callable
 from typing import Final
 
 import nats.errors
@@ -20,6 +26,9 @@ from nats.aio.subscription import Subscription
 from mesh_provisioner.bus.link import Link, link
 
 IN_FLIGHT: Final = 1024  # messages of a connection waiting for their acknowledgement at once, at most
+# How long an answer is waited for before its message is sent again: far past a server's answer under load (a few
+# milliseconds; tens while a seat's loop is busy), within a cluster's leader election.
+RESEND_AFTER: Final = 1.0
 
 
 class _Room:
@@ -115,40 +124,66 @@ class _Acks:
             future.set_result(msg)
 
     async def publish(
-        self, messages: list[tuple[str, bytes, dict[str, str]]], timeout: float
-    ) -> list[Msg | BaseException]:
-        """Publish every message, then wait `timeout` s at most for all answers: each answer, or why there is none."""
+        self,
+        messages: list[tuple[str, bytes, dict[str, str]]],
+        timeout: float,
+        *,
+        resend: Callable[[int], bool] | None = None,
+    ) -> tuple[list[Msg | BaseException], set[int]]:
+        """Publish every message, then wait `timeout` s at most for all answers: each answer, or why there is none,
+        and the indexes of the messages sent more than once.
+
+        A message still unanswered `RESEND_AFTER` s after it went out is sent again (and again, each `RESEND_AFTER`)
+        while `resend(index)` says so; its first answer, to either sending, is its answer.
+        """
         prefix = await self._inbox()
         loop = asyncio.get_running_loop()
-        futures: dict[str, asyncio.Future[Msg]] = {}
+        futures: list[asyncio.Future[Msg]] = []
+        tokens: list[str] = []
+        resent: set[int] = set()
         failed: BaseException | None = None
         try:
             for subject, payload, headers in messages:
                 await self._room.take()
-                self._next += 1
-                token = str(self._next)
                 future: asyncio.Future[Msg] = loop.create_future()
                 future.add_done_callback(self._room.give)
-                self._waiting[token] = future
-                futures[token] = future
-                try:
-                    await self._nc.publish(subject, payload, reply=prefix + token, headers=headers)
-                except (nats.errors.Error, OSError) as err:
-                    # Not published: neither this one nor those after it went out.
-                    del futures[token]
-                    del self._waiting[token]
-                    future.cancel()
-                    failed = err
+                futures.append(future)
+                failed = await self._send(prefix, subject, payload, headers, future, tokens)
+                if failed is not None:
+                    futures.pop().cancel()  # not published: neither this one nor those after it went out
                     break
-            if futures:
-                await asyncio.wait(futures.values(), timeout=timeout)
+            deadline = loop.time() + timeout
+            while futures and (left := deadline - loop.time()) > 0:
+                wait = left if resend is None else min(left, RESEND_AFTER)
+                _, pending = await asyncio.wait(futures, timeout=wait)
+                if not pending or wait >= left:
+                    break
+                again = [i for i, f in enumerate(futures) if not f.done() and resend is not None and resend(i)]
+                for i in again:
+                    if await self._send(prefix, *messages[i], futures[i], tokens) is None:
+                        resent.add(i)
         finally:
-            for token, future in futures.items():
+            for token in tokens:
                 self._waiting.pop(token, None)
+            for future in futures:
                 if not future.done():
                     future.cancel()  # gives its room back
-        out = [_result(f) for f in futures.values()]
-        return out + [failed or TimeoutError("nats: not published")] * (len(messages) - len(out))
+        out = [_result(f) for f in futures]
+        return out + [failed or TimeoutError("nats: not published")] * (len(messages) - len(out)), resent
+
+    async def _send(self, prefix: str, subject: str, payload: bytes, headers: dict[str, str],
+                    future: asyncio.Future[Msg], tokens: list[str]) -> BaseException | None:
+        """Publish one message whose answer settles `future`; answers why it was not published (None when it was)."""
+        self._next += 1
+        token = str(self._next)
+        self._waiting[token] = future
+        try:
+            await self._nc.publish(subject, payload, reply=prefix + token, headers=headers)
+        except (nats.errors.Error, OSError) as err:
+            self._waiting.pop(token, None)
+            return err
+        tokens.append(token)
+        return None
 
 
 def acks_of(nc: Client) -> _Acks:

@@ -33,7 +33,15 @@ from nats.js.kv import KeyValue
 from mesh_provisioner.bus.connection import STREAM_ADVISORIES, open_bucket, stream_of, subject_of
 from mesh_provisioner.bus.link import link
 from mesh_provisioner.bus.memory import Listener, Memory
-from mesh_provisioner.bus.watch import CHUNK, INACTIVE_THRESHOLD, Stretch, content, drop_watch, first_values
+from mesh_provisioner.bus.watch import (
+    CHUNK,
+    INACTIVE_THRESHOLD,
+    Stretch,
+    WatchingJetStream,
+    content,
+    drop_watch,
+    first_values,
+)
 from mesh_provisioner.contract import (
     APPLIED,
     ASK_RECORDS,
@@ -91,7 +99,7 @@ class Cache:
         self.on_resync = on_resync
         self.resyncs = 0
         self._nc = nc
-        self._js = nc.jetstream(timeout=request_timeout)
+        self._js = WatchingJetStream(nc, timeout=request_timeout)
         self._link = link(nc)
         self._backoff = backoff
         self._poll_missing = poll_missing

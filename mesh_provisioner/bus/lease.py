@@ -4,10 +4,16 @@ The bucket's max age is the lease time: a holder that stops renewing loses the k
 trying to create it takes it then. The holder renews by compare-and-set on the revision it wrote, well inside the
 lease time; a renewal that fails means someone else holds it or the bus is out of reach, and either way the holder
 stops writing at once: `guard` says so to every write from the moment the lease may have lapsed.
+
+A renewal the bus does not answer is tried again while the lease holds (`renew_key`): on a cluster, a leader lost
+with the renewal in flight answers nothing, and the next leader, elected within seconds, does. A holder that lapsed
+with its key still on the bus takes it back by compare-and-set on its own key, at once: no one else can have taken a
+key that never aged out.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -19,6 +25,7 @@ from typing import Final
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
+from nats.js.kv import KeyValue
 
 from mesh_provisioner.bus.connection import open_bucket, stream_of
 from mesh_provisioner.contract import HOLDER_KEY, LEASE_SECONDS, SEAT, bucket
@@ -30,6 +37,37 @@ log = logging.getLogger("mesh_provisioner.bus.lease")
 # A holder counts its lease as lapsed this share of the lease time before the bus would let it age out, so that
 # no write of a holder that lost the lease can land after a standby took it over.
 SAFETY: Final = 0.2
+# How long one try of a lease's write waits for its answer, and the pause before the next: a leader's answer comes in
+# milliseconds; a leader lost takes a second or more to replace, and the lease holds for several such tries.
+ATTEMPT: Final = 1.0
+PAUSE: Final = 0.1
+
+
+async def renew_key(kv: KeyValue, key: str, value: bytes, last: int, holder: str, until: float) -> int:
+    """Write a lease key of `holder`'s by compare-and-set on revision `last`, tried again until `until` (monotonic
+    time) while the bus does not answer; answers the key's new revision.
+
+    A try that finds the key at another revision reads it: still `holder`'s (an earlier try landed and its answer was
+    lost), the write is made on that revision. Raises when the key is someone else's or gone, or no try landed in time.
+    """
+    while True:
+        try:
+            return await kv.update(key, value, last=last)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            pass
+        except nats.js.errors.APIError as err:
+            if err.err_code not in (10071, 10164):
+                raise
+        except (nats.errors.Error, TimeoutError):
+            if time.monotonic() + ATTEMPT + PAUSE > until:
+                raise
+            await asyncio.sleep(PAUSE)
+            continue
+        entry = await kv.get(key)
+        lease = r.decode(r.Lease, entry.value or b"")
+        if lease is None or lease.holder != holder:
+            raise nats.js.errors.KeyWrongLastSequenceError(description=f"{key} is held by another process")
+        last = entry.revision or 0
 
 
 class SeatLease:
@@ -42,6 +80,7 @@ class SeatLease:
         self.revision = 0
         self._deadline = 0.0  # monotonic time until which this process may write
         self._since: datetime | None = None  # when this process took the seat: renewals keep it
+        self._kv: KeyValue | None = None
 
     def record(self) -> r.Lease:
         """The lease record this process writes: `since` is when it took the seat, not when it last renewed."""
@@ -81,20 +120,25 @@ class SeatLease:
         return True
 
     async def take(self) -> bool:
-        """Take the lease if no one holds it; answers whether this process holds it now."""
+        """Take the lease if no one holds it, or this process's own key is still on the bus; answers whether this
+        process holds it now."""
         asked = time.monotonic()
-        kv, _ = await open_bucket(self.nc.jetstream(), SEAT)
-        try:
-            self._since = None  # taken again: since now
-            taken = self.record()
-            self.revision = await kv.create(HOLDER_KEY, r.encode(taken))
-            self._since = taken.since
-        except nats.js.errors.KeyWrongLastSequenceError:
-            return False
-        except nats.js.errors.APIError as err:
-            if err.err_code in (10071, 10164):
+        kv = await self._bucket()
+        self._since = None  # taken again: since now
+        taken = self.record()
+        self.revision = await _create(kv, HOLDER_KEY, r.encode(taken))
+        if not self.revision:
+            try:
+                entry = await kv.get(HOLDER_KEY)
+            except nats.js.errors.KeyNotFoundError:
+                return False  # given back or aged out since: free again, taken at the next try
+            mine = r.decode(r.Lease, entry.value or b"")
+            if mine is None or mine.holder != self.holder:
                 return False
-            raise
+            # This process's own key, its lease lapsed here but not on the bus: taken back at once.
+            self.revision = await renew_key(kv, HOLDER_KEY, r.encode(taken), entry.revision or 0, self.holder,
+                                            asked + self.seconds * (1 - SAFETY))
+        self._since = taken.since
         self._deadline = asked + self.seconds * (1 - SAFETY)
         log.info("this process holds the seat (holder %s)", self.holder)
         return True
@@ -136,12 +180,21 @@ class SeatLease:
         return (f"the lease bucket {bucket(SEAT)} {_ages(age)}, not after the lease time {self.seconds:g} s; it does "
                 "now: every seat of this mesh must run with the same --lease-seconds")
 
+    async def _bucket(self) -> KeyValue:
+        """The lease's bucket, each request of it waiting `ATTEMPT` s for its answer; opened once, so that a renewal
+        asks the bus nothing but the renewal."""
+        if self._kv is None:
+            self._kv, _ = await open_bucket(self.nc.jetstream(timeout=ATTEMPT), SEAT)
+        return self._kv
+
     async def renew(self) -> bool:
-        """Renew the lease by compare-and-set; answers False, and stops holding at once, when that fails."""
+        """Renew the lease by compare-and-set, tried again while it holds; answers False, and stops holding at
+        once, when that fails."""
         asked = time.monotonic()
         try:
-            kv, _ = await open_bucket(self.nc.jetstream(), SEAT)
-            self.revision = await kv.update(HOLDER_KEY, r.encode(self.record()), last=self.revision)
+            kv = await self._bucket()
+            self.revision = await renew_key(kv, HOLDER_KEY, r.encode(self.record()), self.revision, self.holder,
+                                            self._deadline)
         except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as err:
             self._deadline = 0.0
             log.warning("the seat's lease is not renewed (%s): this process stops writing", err or type(err).__name__)
@@ -161,6 +214,18 @@ class SeatLease:
         except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as err:
             log.info("the seat's lease is not given back (%s); it ages out", err or type(err).__name__)
         self.revision = 0
+
+
+async def _create(kv: KeyValue, key: str, value: bytes) -> int:
+    """Create a lease key; answers its revision, 0 when the key is there already."""
+    try:
+        return await kv.create(key, value)
+    except nats.js.errors.KeyWrongLastSequenceError:
+        return 0
+    except nats.js.errors.APIError as err:
+        if err.err_code in (10071, 10164):
+            return 0
+        raise
 
 
 def _ages(age: float) -> str:

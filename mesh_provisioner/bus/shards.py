@@ -9,6 +9,7 @@ processes (rules/shards.py): NATS KV is the coordinator, there is none of our ow
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from datetime import UTC, datetime
@@ -20,7 +21,7 @@ from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
 from mesh_provisioner.bus.connection import open_bucket
-from mesh_provisioner.bus.lease import SAFETY, SeatLease
+from mesh_provisioner.bus.lease import SAFETY, SeatLease, renew_key
 from mesh_provisioner.bus.watch import content, drop_watch, first_values
 from mesh_provisioner.contract import HOLDER_KEY, LEASE_SECONDS, MEMBER_KEY_PREFIX, SEAT, SHARD_KEY_PREFIX
 from mesh_provisioner.messages import records as r
@@ -107,7 +108,7 @@ class ShardLeases(SeatLease):
 
     async def take(self) -> bool:
         """Announce this process, then take free shards up to its fair share; answers whether it holds any."""
-        kv, _ = await open_bucket(self.nc.jetstream(), SEAT)
+        kv = await self._bucket()
         await self._announce(kv)
         await self._rebalance(kv)
         return self.held
@@ -119,27 +120,24 @@ class ShardLeases(SeatLease):
         A shard whose renewal fails is lost alone: its writes stop at once, the others' go on.
         """
         try:
-            kv, _ = await open_bucket(self.nc.jetstream(), SEAT)
+            kv = await self._bucket()
         except _BUS_ERRORS as err:
             log.warning("the seat's shards are not renewed (%s)", err or type(err).__name__)
             self._forget_lapsed()
             return self.held
         due = time.monotonic() - self.seconds / 4
+        renewing = [s for s, at in self._renewed.items() if at <= due]
+        # Renewed together: on a cluster, each may wait for the same leader election.
+        outcomes = await asyncio.gather(*(self._renew(kv, s) for s in renewing), return_exceptions=True)
         lost = []
-        for shard in [s for s, at in self._renewed.items() if at <= due]:
-            asked = time.monotonic()
-            try:
-                self._revisions[shard] = await kv.update(shard_key(shard), r.encode(self.record()),
-                                                         last=self._revisions[shard])
-            except _BUS_ERRORS as err:
+        for shard, outcome in zip(renewing, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
                 log.warning("shard %d's lease is not renewed (%s): this process stops writing its nodes", shard,
-                            err or type(err).__name__)
+                            outcome or type(outcome).__name__)
                 lost.append(shard)
-                continue
-            self._deadlines[shard] = asked + self.seconds * (1 - SAFETY)
-            self._renewed[shard] = asked
         for shard in lost:
             self._drop(shard)
+        self._forget_lapsed()  # those whose keys are still this process's are taken back now
         try:
             await self._announce(kv)
             await self._rebalance(kv)
@@ -148,13 +146,21 @@ class ShardLeases(SeatLease):
         self._forget_lapsed()
         return self.held
 
+    async def _renew(self, kv: KeyValue, shard: int) -> None:
+        """Renew one shard's lease by compare-and-set, tried again while it holds (`renew_key`)."""
+        asked = time.monotonic()
+        self._revisions[shard] = await renew_key(kv, shard_key(shard), r.encode(self.record()),
+                                                 self._revisions[shard], self.holder, self._deadlines[shard])
+        self._deadlines[shard] = asked + self.seconds * (1 - SAFETY)
+        self._renewed[shard] = asked
+
     async def give_back(self) -> None:
         """Delete every shard lease and the member key of this process (a clean exit): others take them at once."""
         held = dict(self._revisions)
         for shard in list(held):
             self._drop(shard)
         try:
-            kv, _ = await open_bucket(self.nc.jetstream(), SEAT)
+            kv = await self._bucket()
             for shard, revision in sorted(held.items()):
                 await _delete(kv, shard_key(shard), revision)
             await kv.delete(member_key(self.holder))
@@ -170,10 +176,12 @@ class ShardLeases(SeatLease):
 
     async def _rebalance(self, kv: KeyValue) -> None:
         """Take free shards up to the fair share and give back those past it (rules/shards.py `rebalance`)."""
-        holders, members, others = await self._read(kv)
+        holders, revisions, members, others = await self._read(kv)
         for shard, holder in holders.items():
             if holder and holder != self.holder and shard in self._revisions:
                 self._drop(shard)  # someone else holds it: ours lapsed and was taken
+            elif holder == self.holder and shard not in self._revisions and not others:
+                await self._take_back(kv, shard, revisions[shard])
         take, give = rebalance(self.shards, self.holder, holders, members)
         if others:
             # Processes of two shard counts would split the nodes two ways, each writing some of the other's: while one
@@ -209,9 +217,27 @@ class ShardLeases(SeatLease):
         if give:
             log.info("gave shards %s of the seat back to the processes that joined", _listed(give))
 
-    async def _read(self, kv: KeyValue) -> tuple[dict[int, str], set[str], tuple[datetime, str] | None]:
-        """Who holds each shard now, the processes announced live, as the bucket says; and the earliest lease held by
-        a process of another shard count (since when, and its holder id), None when there is none."""
+    async def _take_back(self, kv: KeyValue, shard: int, revision: int) -> None:
+        """Take back a shard whose lease lapsed here while its key, this process's, is still on the bus: no one else
+        can have taken it, and waiting for it to age out would leave its nodes uncomposed that long."""
+        asked = time.monotonic()
+        try:
+            self._revisions[shard] = await renew_key(kv, shard_key(shard), r.encode(self.record()), revision,
+                                                     self.holder, asked + self.seconds * (1 - SAFETY))
+        except _BUS_ERRORS as err:
+            log.info("shard %d is not taken back (%s)", shard, err or type(err).__name__)
+            return
+        self._deadlines[shard] = asked + self.seconds * (1 - SAFETY)
+        self._renewed[shard] = asked
+        self._taken.add(shard)
+        log.info("this process took shard %d of the seat back: its lease had lapsed here, not on the bus", shard)
+
+    async def _read(
+        self, kv: KeyValue
+    ) -> tuple[dict[int, str], dict[int, int], set[str], tuple[datetime, str] | None]:
+        """Who holds each shard now and its key's revision, the processes announced live, as the bucket says; and the
+        earliest lease held by a process of another shard count (since when, and its holder id), None when there is
+        none."""
         _, info = await open_bucket(self.nc.jetstream(), SEAT)
         watcher = await kv.watchall()
         try:
@@ -220,6 +246,7 @@ class ShardLeases(SeatLease):
         finally:
             await drop_watch(self.nc, self.nc.jetstream(), info.config.name or "", watcher)
         holders: dict[int, str] = {}
+        revisions: dict[int, int] = {}
         members: set[str] = set()
         others: list[tuple[datetime, str]] = []
         for key, entry in values.items():
@@ -242,9 +269,10 @@ class ShardLeases(SeatLease):
                 self._other(lease, f"runs with --shards {lease.shards or 1}")  # announced only: not counted live
             elif shard is not None:
                 holders[shard] = lease.holder
+                revisions[shard] = entry.revision or 0
             elif key.startswith(MEMBER_KEY_PREFIX):
                 members.add(lease.holder)
-        return holders, members, min(others, default=None)
+        return holders, revisions, members, min(others, default=None)
 
     def _other(self, lease: r.Lease, what: str) -> None:
         """Say once that a process of this mesh runs with another shard count than this one (8.1: they must agree)."""

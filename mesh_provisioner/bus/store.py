@@ -91,6 +91,7 @@ class Store:
         # Only the seat's holder writes its states (contract section 8): the guard says why not, "" when it may.
         self.guard: Callable[[Write], str] | None = None
         self.errors = 0
+        self.resent = 0  # writes sent again for want of an answer (acknowledgements.py)
         self._timeout = timeout
         self._js = nc.jetstream(timeout=timeout)
         self._acks = acks_of(nc)
@@ -135,17 +136,25 @@ class Store:
         if self._cache is not None:
             self._cache.begin_writes(values)
         try:
-            answers = await self._acks.publish(messages, self._timeout) if messages else []
-            for write, (_, _, value), answer in zip(batch, values, answers, strict=True):
+            # A write is sent again only while its lease holds (contract 8), checked as it goes out again.
+            answers, resent = (await self._acks.publish(messages, self._timeout,
+                                                        resend=lambda i: not guard or not guard(batch[i]))
+                               if messages else ([], set()))
+            self.resent += len(resent)
+            for i, (write, (_, _, value), answer) in enumerate(zip(batch, values, answers, strict=True)):
                 try:
                     revision = await self._landed(write, answer)
                 except Conflict as err:
-                    self.conflicts += 1
-                    if applied.conflict is None:
-                        applied.conflict = write
-                    applied.error = applied.error or str(err)
-                    log.info("%s", err)
-                    continue
+                    # Sent twice, the first may have landed with its answer lost with the leader: the second then
+                    # finds the key at the revision the first wrote, with this write's value.
+                    revision = await self._landed_before(write) if i in resent else 0
+                    if not revision:
+                        self.conflicts += 1
+                        if applied.conflict is None:
+                            applied.conflict = write
+                        applied.error = applied.error or str(err)
+                        log.info("%s", err)
+                        continue
                 except (nats.errors.Error, TimeoutError, OSError, WriteRefused) as err:
                     self.errors += 1
                     self._buckets.pop(write.state, None)  # open it again next time: it may have been deleted
@@ -167,8 +176,9 @@ class Store:
         return applied
 
     def counts(self) -> dict[str, int]:
-        """The writes made, the conflicts met and the writes that failed, so far."""
-        return {"writes": self.writes, "conflicts": self.conflicts, "failed writes": self.errors}
+        """The writes made, the conflicts met, the writes that failed and those sent again, so far."""
+        return {"writes": self.writes, "conflicts": self.conflicts, "failed writes": self.errors,
+                "writes sent again": self.resent}
 
     async def _message(self, write: Write) -> tuple[str, bytes, dict[str, str]]:
         """The message that makes one write: its subject, payload and headers (the expected revision)."""
@@ -225,6 +235,22 @@ class Store:
             entry = getattr(err, "entry", None)
             return entry.revision or 0 if isinstance(entry, KeyValue.Entry) else 0
         return 0
+
+    async def _landed_before(self, write: Write) -> int:
+        """The key's revision when it holds what `write` makes (its value, or no value for a delete) at a revision
+        past the one the write was judged from; 0 when it does not."""
+        kv = await self._bucket(write.state)
+        try:
+            entry = await kv.get(write.key)
+        except nats.js.errors.KeyNotFoundError as err:
+            marker = getattr(err, "entry", None)  # a delete marker, as `_deleted_at` reads it
+            if isinstance(write, Delete) and isinstance(marker, KeyValue.Entry):
+                return marker.revision or 0 if (marker.revision or 0) > write.revision else 0
+            return 0
+        except (nats.errors.Error, TimeoutError):
+            return 0  # unknown: said to conflict, and judged again
+        landed = isinstance(write, Put) and entry.value == write.value and (entry.revision or 0) > write.revision
+        return entry.revision or 0 if landed else 0
 
     async def _make(self, write: Write) -> int:
         """Make one write alone; answers the key's new revision, raises Conflict when its revision moved on."""

@@ -9,7 +9,8 @@ from typing import Final
 
 import nats.errors
 from nats.aio.client import Client
-from nats.js import JetStreamContext
+from nats.js import JetStreamContext, api
+from nats.js.client import DEFAULT_JS_SUB_PENDING_BYTES_LIMIT, DEFAULT_JS_SUB_PENDING_MSGS_LIMIT, Callback
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from mesh_provisioner.bus.natsfix import stop_watch, watch_consumer
@@ -42,6 +43,45 @@ class Stretch:
 # A consumer of a watch nobody listens to any more is reaped by the server after this long, should deleting
 # it have failed (the connection was down when the watch was dropped).
 INACTIVE_THRESHOLD: Final = 30.0
+# How often a watch's consumer says it is alive when it has nothing to deliver. A watch's consumer lives on one server
+# of a cluster, not always the one the seat is connected to; lost with its server, it is made again when two
+# heartbeats are missed (nats-py's check). At nats-py's default of 5 s a watch was blind for 10 to 15 s; at this one it
+# is made again within a second, for four small messages a second a watch.
+WATCH_HEARTBEAT: Final = 0.25
+
+
+class WatchingJetStream(JetStreamContext):
+    """A JetStream context whose ordered consumers (the key-value watches) beat every `WATCH_HEARTBEAT` s.
+
+    nats-py's `KeyValue.watch` takes no heartbeat; it makes its consumer with this context's `subscribe`, which
+    gives an ordered consumer this heartbeat when none is asked for.
+    """
+
+    async def subscribe(
+        self,
+        subject: str,
+        queue: str | None = None,
+        cb: Callback | None = None,
+        durable: str | None = None,
+        stream: str | None = None,
+        config: api.ConsumerConfig | None = None,
+        manual_ack: bool = False,
+        ordered_consumer: bool = False,
+        idle_heartbeat: float | None = None,
+        flow_control: bool = False,
+        pending_msgs_limit: int = DEFAULT_JS_SUB_PENDING_MSGS_LIMIT,
+        pending_bytes_limit: int = DEFAULT_JS_SUB_PENDING_BYTES_LIMIT,
+        deliver_policy: api.DeliverPolicy | None = None,
+        headers_only: bool | None = None,
+        inactive_threshold: float | None = None,
+    ) -> JetStreamContext.PushSubscription:
+        """nats-py's subscribe, with `WATCH_HEARTBEAT` for an ordered consumer's heartbeat by default."""
+        if ordered_consumer and idle_heartbeat is None:
+            idle_heartbeat = WATCH_HEARTBEAT
+        return await super().subscribe(
+            subject, queue, cb, durable, stream, config, manual_ack, ordered_consumer, idle_heartbeat, flow_control,
+            pending_msgs_limit, pending_bytes_limit, deliver_policy, headers_only, inactive_threshold,
+        )
 
 
 def content(entry: KeyValue.Entry) -> tuple[bytes | None, int]:
