@@ -79,6 +79,10 @@ class Cluster:
 
         until(lambda: asyncio.run(replicated()), timeout, 0.25, "the cluster to keep a replicated stream")
 
+    def index(self, name: str) -> int | None:
+        """The index of the server of this name (`n1`...), None for any other name."""
+        return next((i for i in range(len(self.servers)) if name == f"n{i + 1}"), None)
+
     def kill(self, i: int) -> None:
         """Kill one server at once (SIGKILL), as a crash would."""
         self.servers[i].kill()

@@ -288,6 +288,16 @@ class Bus:
         n: int = self.run(go)
         return n
 
+    def stream_leader(self, state: str) -> str:
+        """The name of the server leading a state's bucket's stream now ("" while none does)."""
+
+        async def go() -> str:
+            info = await self.js.stream_info(f"KV_{bucket(state)}")
+            return str(info.cluster.leader or "") if info.cluster is not None else ""
+
+        leader: str = self.run(go)
+        return leader
+
     # ---- the operator's channel, as the router keeps it -------------------------------------------------
 
     def create_asks_stream(self, *, replicas: int = 1) -> None:
