@@ -50,6 +50,7 @@ def figures(sup: Runtime, seconds: float, settled: bool) -> dict[str, Any]:
         "writes": counts["writes"],
         "conflicts": counts["conflicts"],
         "failed_writes": counts["failed writes"],
+        "writes_sent_again": counts["writes sent again"],
         "keys": len(sup.view),
         "peak_rss_bytes": peak_rss(),
         "rss_bytes": rss_now(),
