@@ -28,7 +28,8 @@ from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
 from mesh_provisioner.bus.connection import open_bucket, stream_of
-from mesh_provisioner.contract import HOLDER_KEY, LEASE_SECONDS, SEAT, bucket
+from mesh_provisioner.bus.watch import content, drop_watch, first_values
+from mesh_provisioner.contract import HOLDER_KEY, LEASE_SECONDS, SEAT, SHARD_KEY_PREFIX, bucket
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Write
 
@@ -73,6 +74,9 @@ async def renew_key(kv: KeyValue, key: str, value: bytes, last: int, holder: str
 class SeatLease:
     """This process's claim to the seat: taken by create, kept by compare-and-set, given back on a clean exit."""
 
+    shards = 1
+    """The shard count this process runs with: 1, the whole seat (contract 8.1)."""
+
     def __init__(self, nc: Client, seconds: float = LEASE_SECONDS, *, holder: str = "") -> None:
         self.nc = nc
         self.seconds = seconds
@@ -81,6 +85,7 @@ class SeatLease:
         self._deadline = 0.0  # monotonic time until which this process may write
         self._since: datetime | None = None  # when this process took the seat: renewals keep it
         self._kv: KeyValue | None = None
+        self._said: set[str] = set()  # the processes of another shard count already said
 
     def record(self) -> r.Lease:
         """The lease record this process writes: `since` is when it took the seat, not when it last renewed."""
@@ -124,6 +129,12 @@ class SeatLease:
         process holds it now."""
         asked = time.monotonic()
         kv = await self._bucket()
+        sharded = [(lease, key) for key, (lease, _) in (await read_leases(self.nc, kv, self.seconds)).items()
+                   if key.startswith(SHARD_KEY_PREFIX)]
+        for lease, key in sharded:
+            self._other(lease, f"holds {key} (--shards {lease.shards or 1})")
+        if sharded:
+            return False  # a partitioned seat holds shards of this mesh: two ways of splitting it would both write
         self._since = None  # taken again: since now
         taken = self.record()
         self.revision = await _create(kv, HOLDER_KEY, r.encode(taken))
@@ -142,6 +153,14 @@ class SeatLease:
         self._deadline = asked + self.seconds * (1 - SAFETY)
         log.info("this process holds the seat (holder %s)", self.holder)
         return True
+
+    def _other(self, lease: r.Lease, what: str) -> None:
+        """Say once that a process of this mesh runs with another shard count than this one (8.1: they must agree)."""
+        if lease.holder in self._said:
+            return
+        self._said.add(lease.holder)
+        log.error("process %d on %s %s, this one with --shards %d: every process of a mesh must use the same count; "
+                  "it is not counted, and what it holds is not taken", lease.pid, lease.host or "?", what, self.shards)
 
     async def current(self) -> r.Lease | None:
         """The lease on the bus now (whoever holds it), None when no one does or it cannot be read."""
@@ -214,6 +233,28 @@ class SeatLease:
         except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as err:
             log.info("the seat's lease is not given back (%s); it ages out", err or type(err).__name__)
         self.revision = 0
+
+
+async def read_leases(nc: Client, kv: KeyValue, seconds: float) -> dict[str, tuple[r.Lease, int]]:
+    """Every lease in the seat's bucket now (the holder's, the shards', the members'), by key, with its revision;
+    a value that is not a lease is said and left out. Each value waits `seconds` at most."""
+    _, info = await open_bucket(nc.jetstream(), SEAT)
+    watcher = await kv.watchall()
+    try:
+        values = await first_values(watcher, SEAT, info.state.last_seq or 0, info.state.messages or 0, seconds)
+    finally:
+        await drop_watch(nc, nc.jetstream(), info.config.name or "", watcher)
+    leases: dict[str, tuple[r.Lease, int]] = {}
+    for key, entry in values.items():
+        value, revision = content(entry)
+        if value is None:
+            continue
+        lease = r.decode(r.Lease, value)
+        if lease is None:
+            log.warning("the seat's %s is not a lease: it is ignored", key)
+            continue
+        leases[key] = (lease, revision)
+    return leases
 
 
 async def _create(kv: KeyValue, key: str, value: bytes) -> int:

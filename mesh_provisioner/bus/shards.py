@@ -20,10 +20,8 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
-from mesh_provisioner.bus.connection import open_bucket
-from mesh_provisioner.bus.lease import SAFETY, SeatLease, renew_key
-from mesh_provisioner.bus.watch import content, drop_watch, first_values
-from mesh_provisioner.contract import HOLDER_KEY, LEASE_SECONDS, MEMBER_KEY_PREFIX, SEAT, SHARD_KEY_PREFIX
+from mesh_provisioner.bus.lease import SAFETY, SeatLease, read_leases, renew_key
+from mesh_provisioner.contract import HOLDER_KEY, LEASE_SECONDS, MEMBER_KEY_PREFIX, SHARD_KEY_PREFIX
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.rules.shards import member_key, parse_shard_key, rebalance, shard_key, shard_of, shard_of_write
@@ -40,7 +38,6 @@ class ShardLeases(SeatLease):
         super().__init__(nc, seconds, holder=holder)
         self.shards = shards
         self._taken: set[int] = set()  # shards taken since `taken` was last asked
-        self._said: set[str] = set()  # the processes of another shard count already said
         self._revisions: dict[int, int] = {}  # each shard held: the revision this process wrote
         self._deadlines: dict[int, float] = {}  # each shard held: monotonic time until which this process writes it
         self._renewed: dict[int, float] = {}  # each shard held: when its lease was last written
@@ -238,25 +235,11 @@ class ShardLeases(SeatLease):
         """Who holds each shard now and its key's revision, the processes announced live, as the bucket says; and the
         earliest lease held by a process of another shard count (since when, and its holder id), None when there is
         none."""
-        _, info = await open_bucket(self.nc.jetstream(), SEAT)
-        watcher = await kv.watchall()
-        try:
-            values = await first_values(watcher, SEAT, info.state.last_seq or 0, info.state.messages or 0,
-                                        self.seconds)
-        finally:
-            await drop_watch(self.nc, self.nc.jetstream(), info.config.name or "", watcher)
         holders: dict[int, str] = {}
         revisions: dict[int, int] = {}
         members: set[str] = set()
         others: list[tuple[datetime, str]] = []
-        for key, entry in values.items():
-            value, _ = content(entry)
-            if value is None:
-                continue
-            lease = r.decode(r.Lease, value)
-            if lease is None:
-                log.warning("the seat's %s is not a lease: it is ignored", key)
-                continue
+        for key, (lease, revision) in (await read_leases(self.nc, kv, self.seconds)).items():
             shard = parse_shard_key(key, self.shards)
             if key == HOLDER_KEY or (key.startswith(SHARD_KEY_PREFIX) and lease.shards != self.shards):
                 # A lease of another shard count (the whole seat's `holder` is one): not counted live, and held.
@@ -269,18 +252,10 @@ class ShardLeases(SeatLease):
                 self._other(lease, f"runs with --shards {lease.shards or 1}")  # announced only: not counted live
             elif shard is not None:
                 holders[shard] = lease.holder
-                revisions[shard] = entry.revision or 0
+                revisions[shard] = revision
             elif key.startswith(MEMBER_KEY_PREFIX):
                 members.add(lease.holder)
         return holders, revisions, members, min(others, default=None)
-
-    def _other(self, lease: r.Lease, what: str) -> None:
-        """Say once that a process of this mesh runs with another shard count than this one (8.1: they must agree)."""
-        if lease.holder in self._said:
-            return
-        self._said.add(lease.holder)
-        log.error("process %d on %s %s, this one with --shards %d: every process of a mesh must use the same count; "
-                  "it is not counted, and what it holds is not taken", lease.pid, lease.host or "?", what, self.shards)
 
     def _drop(self, shard: int) -> None:
         self._revisions.pop(shard, None)

@@ -10,6 +10,7 @@ from nats.aio.client import Client
 
 from mesh_provisioner.bus.connection import ensure_buckets
 from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.bus.lease import SeatLease
 from mesh_provisioner.bus.shards import ShardLeases
 from mesh_provisioner.bus.store import Store
 from mesh_provisioner.contract import NEEDS, PLANS, PROVISIONS, REGISTRY, SEAT_STATES
@@ -73,10 +74,27 @@ def test_8_1_a_process_of_another_shard_count_is_said_and_not_counted_and_the_me
     loop.run(ensure_buckets(nc.jetstream(), SEAT_STATES, lease=LEASE), 10)
     a, b = ShardLeases(nc, SHARDS, LEASE, holder="a"), ShardLeases(nc, 2 * SHARDS, LEASE, holder="b")
     assert loop.run(a.take(), 10)
-    with caplog.at_level(logging.ERROR, logger="mesh_provisioner.bus.shards"):
+    with caplog.at_level(logging.ERROR, logger="mesh_provisioner.bus"):
         assert not loop.run(b.take(), 10), "a process of another count takes nothing a process of this one holds"
         assert loop.run(a.renew(), 10)
     assert a.mine() == [0, 1, 2, 3], "the process of the other count is not counted: nothing is given to it"
     said = [rec.getMessage() for rec in caplog.records]
     assert any("runs with --shards 4, this one with --shards 8" in m for m in said), said
     assert any("runs with --shards 8, this one with --shards 4" in m for m in said), said
+
+
+def test_8_1_a_whole_seat_does_not_take_the_lease_while_a_partitioned_seat_holds_shards(
+    loop: EventLoopThread, nc: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Started after the shards were taken, a `--shards 1` seat would have written every node beside their holders.
+    loop.run(ensure_buckets(nc.jetstream(), SEAT_STATES, lease=LEASE), 10)
+    a, whole = ShardLeases(nc, SHARDS, LEASE, holder="a"), SeatLease(nc, LEASE)
+    assert loop.run(a.take(), 10)
+    with caplog.at_level(logging.ERROR, logger="mesh_provisioner.bus"):
+        assert not loop.run(whole.take(), 10)
+        assert not loop.run(whole.take(), 10)
+    said = [rec.getMessage() for rec in caplog.records]
+    assert len(said) == 1, "said once"
+    assert "holds shard.0 (--shards 4), this one with --shards 1" in said[0], said
+    loop.run(a.give_back(), 10)
+    assert loop.run(whole.take(), 10), "the shards given back, the whole seat is taken"
