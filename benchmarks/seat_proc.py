@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mesh_provisioner.collector import Freezer
 from mesh_provisioner.config import Config
 from mesh_provisioner.runtime import Runtime
 from mesh_provisioner.seat import Seat
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         sup, stop = held(config)
     else:
         sup, stop = Runtime.start(config), None
+        threading.Thread(target=freezing, args=(sup,), daemon=True).start()
     settled = sup.wait_settled(args.timeout)
     out = figures(sup, time.perf_counter() - start, settled)
     print(json.dumps({**base, **out}), flush=True)
@@ -104,6 +106,15 @@ def main(argv: list[str] | None = None) -> int:
         sup.stop()
     print(json.dumps(out), flush=True)
     return 0
+
+
+def freezing(sup: Runtime) -> None:
+    """Freeze what the seat holds as `serve` does (mesh_provisioner/collector.py): looked at as often as its hold
+    loop does, for as long as the process runs."""
+    freezer = Freezer()
+    while True:
+        time.sleep(0.1)
+        freezer.tick(sup.quiet)
 
 
 def held(config: Config) -> tuple[Runtime, Callable[[], None]]:

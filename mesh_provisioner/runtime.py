@@ -421,6 +421,11 @@ class Runtime:
         """Make an actor die as a crash would, at its next message; its supervisor restarts it."""
         self.supervisor.kill(name)
 
+    def quiet(self) -> bool:
+        """Whether nothing is being worked on now (no mailbox holds work, no write pends), without asking the bus
+        whether changes are on their way (`wait_settled` does)."""
+        return self.cache.synced and self.in_flight.total() == 0 and self.dispatcher.idle()
+
     def wait_settled(self, timeout: float = 30.0) -> bool:
         """True once every change on the bus has reached the cache, every mailbox is empty and no write pends."""
         deadline = time.monotonic() + timeout
@@ -433,8 +438,7 @@ class Runtime:
                 caught_up = self.loop.run(self.cache.caught_up(), max(deadline - time.monotonic(), 0.1))
             except TimeoutError:
                 return False  # the bus did not answer by the deadline (a paused or dead server): not settled
-            quiet = self.in_flight.total() == 0 and self.dispatcher.idle()
-            calm = calm + 1 if caught_up and quiet else 0
+            calm = calm + 1 if caught_up and self.quiet() else 0
             if calm >= 2:
                 return True
         return False

@@ -28,6 +28,7 @@ from mesh_provisioner.bus.lease import SeatLease
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.shards import ShardLeases
 from mesh_provisioner.bus.verb import serve_verb
+from mesh_provisioner.collector import Freezer
 from mesh_provisioner.config import Config
 from mesh_provisioner.metrics import HttpEndpoint, Metrics
 from mesh_provisioner.rules.shards import in_shards
@@ -93,6 +94,7 @@ class Seat:
         """Serve metrics and health (when configured), then connect: for `connect_within` seconds at most
         (math.inf: until it connects or a signal's handler interrupts; None: three request timeouts)."""
         self.config = config
+        self.freezer = Freezer()
         self.supervisor: Runtime | None = None
         self.on_hold = on_hold or (lambda _: None)
         self.metrics = Metrics()
@@ -223,6 +225,7 @@ class Seat:
                 taken = shards.taken() if shards is not None else set()
                 if taken and shards is not None:
                     sup.took(in_shards(taken, shards.shards))
+                self.freezer.tick(sup.quiet)
         finally:
             if verb is not None:
                 with contextlib.suppress(Exception):  # a bus that is gone has no service left to stop
