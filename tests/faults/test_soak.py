@@ -49,10 +49,10 @@ def test_a_steady_seat_is_flat() -> None:
 
 
 def test_memory_that_keeps_growing_is_not_flat() -> None:
-    # Growing by a fifth over the whole run: by more than 5 % over its second half.
+    # Growing by a fifth over the whole run: by about 7 % from the first minute after the warm-up to the last.
     v = verdict(samples(rss=lambda share: 1 + 0.2 * share), warmup=300.0)
     assert v["judged"] and not v["flat"]
-    assert not v["resources"]["rss_bytes"]["flat"] and 0.08 < v["resources"]["rss_bytes"]["growth"] < 0.12
+    assert not v["resources"]["rss_bytes"]["flat"] and 0.06 < v["resources"]["rss_bytes"]["growth"] < 0.08
     assert v["resources"]["fds"]["flat"] and v["resources"]["threads"]["flat"] and v["p99"]["flat"]
     assert v["why"].startswith("resident memory grew +")
 
@@ -77,8 +77,8 @@ def test_a_rising_p99_is_not_flat_and_a_small_one_has_a_floor() -> None:
 def test_too_few_samples_are_said_not_judged() -> None:
     v = verdict(samples(count=35), warmup=300.0)  # five samples after the warm-up
     assert not v["judged"] and not v["flat"]
-    assert v["why"] == ("too few samples to judge: 5 after the warm-up of 300 s, and the verdict needs at least 6 "
-                        "(3 at each end)")
+    assert v["why"] == ("too few samples to judge: 5 after the warm-up of 300 s, and the verdict needs at least 12 "
+                        "(6 at each end)")
     unread = verdict(samples(tasks=None), warmup=300.0)
     assert not unread["judged"] and not unread["flat"]
     assert "not judged: asyncio tasks not read at the start of the span" in unread["why"]
@@ -98,7 +98,7 @@ def test_a_short_soak_samples_the_seat_and_keeps_the_scenarios_figures(tmp_path:
     before.pop("soak", None)
     figures.write_text(json.dumps(before))
     done = subprocess.run(
-        [sys.executable, "-m", "faults", "--soak", "0.3", "--soak-nodes", "50", "--soak-interval", "2",
+        [sys.executable, "-m", "faults", "--soak", "0.3", "--soak-nodes", "50", "--soak-interval", "1",
          "--json", str(figures), "--markdown", str(markdown)],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
@@ -109,7 +109,7 @@ def test_a_short_soak_samples_the_seat_and_keeps_the_scenarios_figures(tmp_path:
     assert {k: v for k, v in data.items() if k != "soak"} == before  # the scenarios' figures are left as they were
     assert section["command"].startswith("python -m faults --soak 0.3 ")
     assert section["nodes"] == 50 and section["rate"] == soak.RATE and section["cold"]["writes"] > 0
-    assert 8 <= len(section["samples"]) <= 9  # every 2 s of 18
+    assert 17 <= len(section["samples"]) <= 18  # every second of 18
     for s in section["samples"]:
         assert s["rss_bytes"] > 0 and s["fds"] > 0 and s["threads"] > 1 and s["tasks"] > 0 and s["changes"] > 0
     assert section["load"]["changes"] > 0 and section["load"]["writes"] > 0
