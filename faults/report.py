@@ -149,6 +149,13 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:,.1f} ms"
 
 
+def _load(soak: dict[str, Any]) -> str:
+    if "load_average" not in soak:
+        return ""
+    before, after = soak["load_average"]
+    return f"; the machine's load average (one minute) {before:g} at the start and {after:g} at the end"
+
+
 def _soak(soak: dict[str, Any]) -> list[str]:
     """The soak's section: what ran, the verdict and its figures, a row a minute, and the command."""
     v = soak["verdict"]
@@ -236,7 +243,8 @@ def _soak(soak: dict[str, Any]) -> list[str]:
                       "process's since it started.", ""]
     lines += [
         f"The soak's figures: `{soak['command']}` on {soak['started']}, in {soak['took_seconds']:.0f} s; "
-        f"{soak['machine']}. The picture: `python -m benchmarks.plots --reliability docs/reliability.json --out docs`. "
+        f"{soak['machine']}{_load(soak)}. The picture: "
+        "`python -m benchmarks.plots --reliability docs/reliability.json --out docs`. "
         f"The soak the seat is held to runs {SOAK_MINUTES} minutes at half saturation on 1,000 nodes:",
         "",
         "```sh",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import platform
 import shlex
 import signal
@@ -130,12 +131,14 @@ def stamp(when: datetime) -> str:
 def run_soak(args: argparse.Namespace, command: str) -> dict[str, Any]:
     """The soak asked for, as the JSON's `soak` section keeps it."""
     started = datetime.now(UTC)
+    # The machine's load average over the last minute, before and after: what else ran beside the soak.
+    before = os.getloadavg()[0]
     section = soak.soak(args.soak, rate=args.soak_rate, nodes=args.soak_nodes, interval=args.soak_interval,
                         seed=args.seed, shards=args.soak_shards,
                         warmup=None if args.soak_warmup is None else args.soak_warmup * 60)
     return {"command": command, "started": stamp(started),
             "took_seconds": round((datetime.now(UTC) - started).total_seconds(), 1), "machine": machine(),
-            **section}
+            "load_average": [round(before, 2), round(os.getloadavg()[0], 2)], **section}
 
 
 def nats_version() -> str:
