@@ -142,7 +142,9 @@ def _mib(value: float) -> str:
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds / 60:g} minutes" if seconds >= 60 else f"{seconds:g} s"
+    if seconds < 60:
+        return f"{seconds:g} s"
+    return f"{seconds / 60:g} minute{'' if seconds == 60 else 's'}"
 
 
 def _ms(value: float | None) -> str:
@@ -199,7 +201,7 @@ def _soak(soak: dict[str, Any]) -> list[str]:
             if not r.get("judged"):
                 lines.append(f"| {words} | - | - | - | not judged |")
                 continue
-            show = _mib if name == "rss_bytes" else (lambda x: f"{x:g}")
+            show = _mib if name == "rss_bytes" else (lambda x: f"{x:,g}")
             lines.append(f"| {words} | {show(r['start'])} | {show(r['end'])} | "
                          f"{r['growth']:+.1%} | {'yes' if r['flat'] else '**no**'} |")
         p = v["p99"]
@@ -236,7 +238,7 @@ def _soak(soak: dict[str, Any]) -> list[str]:
         for x in shown:
             tasks = "-" if x["tasks"] is None else x["tasks"]
             lines.append(f"| {x['seconds']:.0f} | {_mib(x['rss_bytes'])} | {x['fds']} | {x['threads']} | {tasks} | "
-                         f"{x['cpu_seconds']:.0f} | {x['changes']} | {x['writes']} | {_ms(x['p50_ms'])} | "
+                         f"{x['cpu_seconds']:.0f} | {x['changes']:,} | {x['writes']:,} | {_ms(x['p50_ms'])} | "
                          f"{_ms(x['p99_ms'])} |")
         lines += ["", f"A row every {step * soak['interval_seconds']:g} s, and the last; a row's changes, writes "
                       f"and latency are those of its {soak['interval_seconds']:g}-second window, its CPU the seat "

@@ -122,6 +122,22 @@ def test_a_short_soak_samples_the_seat_and_keeps_the_scenarios_figures(tmp_path:
     assert (tmp_path / "soak.png").stat().st_size > 0 and (tmp_path / "reliability.png").stat().st_size > 0
 
 
+def test_the_scenarios_run_again_keep_the_soaks_figures(tmp_path: Path) -> None:
+    figures, markdown = tmp_path / "figures.json", tmp_path / "RELIABILITY.md"
+    kept = json.loads((ROOT / "docs" / "reliability.json").read_text())["soak"]
+    figures.write_text(json.dumps({"soak": kept}))
+    done = subprocess.run(
+        [sys.executable, "-m", "faults", "--scenario", "storm", "--seed", "7", "--runs", "1", "--count", "100",
+         "--json", str(figures), "--markdown", str(markdown)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(figures.read_text())
+    assert data["soak"] == kept and list(data["scenarios"]) == ["storm"]
+    assert markdown.read_text() == render(data)
+    assert "| storm |" in markdown.read_text() and kept["command"] in markdown.read_text()
+
+
 def _children(pid: int) -> dict[int, str]:
     """The processes whose parent is `pid`, by their command lines (Linux: /proc)."""
     found = {}
