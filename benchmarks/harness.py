@@ -4,6 +4,7 @@ load's figures summed up, and the log of the run."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -46,12 +47,14 @@ class SeatProcess:
     """`benchmarks.seat_proc` in a subprocess: its first line is the cold start's figures."""
 
     def __init__(self, url: str, max_parallel: int | None = None, timeout: float = 1800.0, *, shards: int = 0,
-                 wait: bool = True) -> None:
+                 wait: bool = True, metrics_addr: str = "") -> None:
         """The seat as configured by default, or with `max_parallel` compositions at once; with `shards`, one
-        process of a partitioned seat. Its first figures are waited for, unless not `wait` (then `first` does)."""
+        process of a partitioned seat; with `metrics_addr`, serving its `/metrics` there. Its first figures are
+        waited for, unless not `wait` (then `first` does)."""
         bound = [] if max_parallel is None else ["--max-parallel", str(max_parallel)]
         sharded = ["--shards", str(shards)] if shards else []
-        cmd = [sys.executable, "-m", "benchmarks.seat_proc", url, *bound, *sharded,
+        served = ["--metrics-addr", metrics_addr] if metrics_addr else []
+        cmd = [sys.executable, "-m", "benchmarks.seat_proc", url, *bound, *sharded, *served,
                "--timeout", str(timeout), *os.environ.get("SEAT_ARGS", "").split()]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -86,6 +89,23 @@ class SeatProcess:
         out = self._say("stop")
         self.proc.wait(60)
         return out
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Make sure the process has ended, whatever state it is in: its stdin closed (it stops the seat as on
+        `stop`), then SIGTERM, then SIGKILL, each waited for at most `timeout` seconds."""
+        if self.proc.poll() is not None:
+            return
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        for end in (None, self.proc.terminate, self.proc.kill):
+            if end is not None:
+                end()
+            try:
+                self.proc.wait(timeout)
+                return
+            except subprocess.TimeoutExpired:
+                continue
 
 
 def log(*words: Any) -> None:

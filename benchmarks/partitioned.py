@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from benchmarks import steady
@@ -36,35 +37,56 @@ GROWTH_FLOOR_MS = 50.0
 class Seats:
     """Seat processes of one partitioned mesh, started together; each process's figures come back on its stdout."""
 
-    def __init__(self, url: str, processes: int, shards: int = SHARDS, max_parallel: int | None = None) -> None:
+    def __init__(self, url: str, processes: int, shards: int = SHARDS, max_parallel: int | None = None, *,
+                 metrics_addrs: Sequence[str] = ()) -> None:
+        """`processes` seat processes of `shards` shards (0: one seat, not partitioned); process i serves its
+        `/metrics` on `metrics_addrs[i]` when there is one."""
         self.began = time.perf_counter()
-        self.procs = [SeatProcess(url, max_parallel, shards=shards, wait=False) for _ in range(processes)]
-        for p in self.procs:
-            p.first()
+        addrs = [*metrics_addrs, *[""] * processes][:processes]
+        self.procs: list[SeatProcess] = []
+        try:
+            for addr in addrs:
+                self.procs.append(SeatProcess(url, max_parallel, shards=shards, wait=False, metrics_addr=addr))
+            for p in self.procs:
+                p.first()
+        except BaseException:
+            self.close()
+            raise
 
-    def settle(self) -> tuple[float, list[dict[str, Any]]]:
+    def settle(self, rounds: int = 1000) -> tuple[float, list[dict[str, Any]]]:
         """Settle every process again and again until a round writes nothing more: when the last round that wrote
-        ended (perf_counter), and each process's figures then."""
+        ended (perf_counter), and each process's figures then. Past `rounds` rounds that all wrote, RuntimeError."""
         last, ended = -1, time.perf_counter()
-        while True:
+        for _ in range(rounds):
             figures = [p.settle() for p in self.procs]
             total = sum(f["writes"] for f in figures)
             if total == last and all(f["settled"] for f in figures):
                 return ended, figures
             last, ended = total, time.perf_counter()
+        raise RuntimeError(f"the seat processes still wrote after {rounds} rounds of settling")
 
     def stop(self) -> None:
         """Stop every process."""
         for p in self.procs:
             p.stop()
 
+    def close(self) -> None:
+        """Make sure every process has ended (`SeatProcess.close`), stopped or not."""
+        for p in self.procs:
+            p.close()
 
-def cold(url: str, mesh: Mesh, processes: int, shards: int = SHARDS) -> tuple[Seats, dict[str, Any]]:
+
+def cold(url: str, mesh: Mesh, processes: int, shards: int = SHARDS, *,
+         metrics_addrs: Sequence[str] = ()) -> tuple[Seats, dict[str, Any]]:
     """The cold start of `processes` processes on a freshly loaded mesh; the seats, still running, and the figures."""
     reset(url)
     keys = asyncio.run(load(url, mesh))
-    seats = Seats(url, processes, shards)
-    ended, figures = seats.settle()
+    seats = Seats(url, processes, shards, metrics_addrs=metrics_addrs)
+    try:
+        ended, figures = seats.settle()
+    except BaseException:
+        seats.close()
+        raise
     peaks = [f["peak_rss_bytes"] for f in figures]
     out = {
         "processes": processes, "shards": shards, "loaded_keys": keys,
@@ -97,12 +119,28 @@ def sustained(load: steady.Load, rate: float) -> str:
 
 
 def drive(url: str, mesh: Mesh, seats: Seats, rate: float, seconds: float, seed: int,
-          heavy: steady.Target | None = None, heavy_rate: float = 0.0) -> steady.Load:
-    """One run of the load at a rate, then every target put back and the seats settled again."""
+          heavy: steady.Target | None = None, heavy_rate: float = 0.0, *,
+          alongside: Callable[[steady.Driver], Coroutine[Any, Any, Any]] | None = None) -> steady.Load:
+    """One run of the load at a rate, then every target put back and the seats settled again.
+
+    `alongside` is run on the load's loop while the load runs (it watches `driver.load` grow), and cancelled if it
+    has not ended when the load has; what it raised is raised here."""
     owners = {key: k.provider for key, k in mesh.keys.items()}
     pools = steady.targets(mesh, asyncio.run(provision_states_of(url)), seed)
     driver = steady.Driver(url, pools, seed)
-    result = asyncio.run(driver.run(rate, seconds, MIX, owners, heavy=heavy, heavy_rate=heavy_rate))
+
+    async def run() -> steady.Load:
+        beside = asyncio.create_task(alongside(driver)) if alongside is not None else None
+        try:
+            return await driver.run(rate, seconds, MIX, owners, heavy=heavy, heavy_rate=heavy_rate)
+        finally:
+            if beside is not None:
+                beside.cancel()
+                failed: object = (await asyncio.gather(beside, return_exceptions=True))[0]
+                if isinstance(failed, Exception):
+                    raise failed
+
+    result = asyncio.run(run())
     asyncio.run(steady.restore(url, pools, owners))
     seats.settle()
     return result

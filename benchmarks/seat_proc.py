@@ -8,6 +8,8 @@ command: `settle` (wait until settled again and print the same figures), `stop` 
 With `--shards S` it is one process of a partitioned seat (contract 8.1): it runs as `serve` does (`Seat`, its shard
 leases taken, renewed and rebalanced), and its figures are those of the runtime while it holds shards.
 
+With `--metrics-addr HOST:PORT` it serves the seat's `/metrics` (and `/healthz`, `/readyz`) there, as `serve` does.
+
 Its own process, so that its memory is its own and the load generator and the watch that times it do not share its
 interpreter lock.
 """
@@ -27,6 +29,7 @@ from typing import Any
 
 from mesh_provisioner.collector import Freezer
 from mesh_provisioner.config import Config
+from mesh_provisioner.metrics import HttpEndpoint
 from mesh_provisioner.runtime import Runtime
 from mesh_provisioner.seat import Seat
 
@@ -73,21 +76,25 @@ def main(argv: list[str] | None = None) -> int:
                    help="compositions at once (default: the seat's own default)")
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--shards", type=int, default=0, help="one process of a partitioned seat of this many shards")
+    p.add_argument("--metrics-addr", default="", help="serve the seat's /metrics on this HOST:PORT")
     p.add_argument("--switch-interval", type=float, default=0.0,
                    help="the interpreter's thread switch interval in seconds (0: Python's own, 5 ms)")
     args = p.parse_args(argv)
     if args.switch_interval > 0:
         sys.setswitchinterval(args.switch_interval)
     config = Config(nats=args.url, max_parallel=args.max_parallel, request_timeout=60.0,
-                    shards=max(args.shards, 1))
+                    shards=max(args.shards, 1), metrics_addr=args.metrics_addr)
     gc.collect()
     base = {"rss_before_bytes": rss_now()}
     start = time.perf_counter()
+    http: HttpEndpoint | None = None
     if args.shards:
-        sup, stop = held(config)
+        sup, stop = held(config)  # the seat serves its metrics itself, as `serve` does
     else:
         sup, stop = Runtime.start(config), None
         threading.Thread(target=freezing, args=(sup,), daemon=True).start()
+        if args.metrics_addr:
+            http = HttpEndpoint(args.metrics_addr, sup.metrics.registry, healthy=lambda: "", ready=lambda: "")
     settled = sup.wait_settled(args.timeout)
     out = figures(sup, time.perf_counter() - start, settled)
     print(json.dumps({**base, **out}), flush=True)
@@ -104,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         stop()
     else:
         sup.stop()
+    if http is not None:
+        http.stop()
     print(json.dumps(out), flush=True)
     return 0
 

@@ -7,5 +7,6 @@ input, forged answers), records every write of the seat's states as it goes, and
 (`meshcheck.check`): the plans and provisions `settle()` computes from the final inputs, a fixed point, the same as an
 undisturbed run on the same changes, no ask published twice, every write made by a seat process holding the key's
 lease (`meshcheck.history`), a seat that still answers, no exception escaped. `python -m faults` runs them and writes
-the figures (`faults.runner`, `faults.report`).
+the figures (`faults.runner`, `faults.report`); `python -m faults --soak MINUTES` runs one seat process under a steady
+load for that long and judges whether it stays flat (`faults.soak`).
 """

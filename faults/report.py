@@ -1,4 +1,5 @@
-"""The figures as markdown, written from the runner's JSON: one table to take in at a glance, then each run.
+"""The figures as markdown, written from the runner's JSON: one table to take in at a glance, then each run; then
+the soak, which a command of its own runs.
 
 `python -m faults.report FIGURES.json > RELIABILITY.md` writes it again from a JSON the runner wrote.
 """
@@ -15,6 +16,8 @@ LONG_COMMAND = (
     "python -m faults --scenario all --seed 20261203 --runs 3 "
     "--json docs/reliability.json --markdown docs/RELIABILITY.md"
 )
+SOAK_MINUTES = 30
+SOAK_COMMAND = f"python -m faults --soak {SOAK_MINUTES} --json docs/reliability.json --markdown docs/RELIABILITY.md"
 
 
 def _seconds(values: list[float]) -> tuple[str, str]:
@@ -33,15 +36,24 @@ def _lost(runs: list[dict[str, Any]], what: str = "lost") -> str:
 
 
 def render(data: dict[str, Any]) -> str:
-    """The markdown of a run of the runner."""
+    """The markdown of the runner's JSON: its scenarios' figures and its soak's, each where there are some."""
+    lines = ["# Reliability figures", ""]
+    if "scenarios" in data:
+        lines += _scenarios(data)
+    if "soak" in data:
+        lines += _soak(data["soak"])
+    return "\n".join(lines)
+
+
+def _scenarios(data: dict[str, Any]) -> list[str]:
     lost = sum(len(run["lost"]) + len(run.get("errors", [])) for s in data["scenarios"].values() for run in s["runs"])
+    soaked = (" A soak, one seat process under a steady load for a long time, judged for growth, is at the end "
+              "([Soak](#soak)), from a command of its own." if "soak" in data else "")
     lines = [
-        "# Reliability figures",
-        "",
         "What the seat does when things go wrong, and what it lost"
         + (": nothing." if not lost else f": **{lost}** finding(s), below.")
         + " Each scenario below breaks something (actors, the server, a cluster, the seat process, the input) "
-        "while a stream of changes runs through the seat, then checks the bus once the seat settled again.",
+        "while a stream of changes runs through the seat, then checks the bus once the seat settled again." + soaked,
         "",
         "| scenario | faults injected (per run) | changes (per run) | settle after the last fault: median | worst "
         "| lost | errors escaped |",
@@ -79,7 +91,8 @@ def render(data: dict[str, Any]) -> str:
         "composition asked of it); and no exception escaped an actor (no ERROR record of the `pykka` or "
         "`mesh_provisioner` loggers but the deliberate kills').",
         "",
-        f"Produced by `{data['command']}` (seed {data['seed']}, {data['runs']} run(s) of each scenario, run *i* with "
+        f"The scenarios' figures: `{data['command']}` (seed {data['seed']}, {data['runs']} run(s) of each scenario, "
+        "run *i* with "
         f"seed {data['seed']}+*i*) on {data['started']}, in {data['took_seconds']:.0f} s; {data['machine']}. The "
         "picture: `python -m benchmarks.plots --reliability docs/reliability.json --out docs`.",
     ]
@@ -92,11 +105,14 @@ def render(data: dict[str, Any]) -> str:
         "",
         "## Running it again",
         "",
-        f"The long version, which wrote this file (in {data['took_seconds'] / 60:.0f} minutes here):",
+        f"The long version, which wrote the scenarios' figures (in {data['took_seconds'] / 60:.0f} minutes here):",
         "",
         "```sh",
         LONG_COMMAND,
         "```",
+        "",
+        f"The soak is a command of its own (`{SOAK_COMMAND}`{', below' if 'soak' in data else ''}); each replaces "
+        "only its own figures in the JSON.",
         "",
         "One scenario, smaller: `python -m faults --scenario storm --seed 7 --runs 1 --count 500`. The options:",
         "`--count` changes per run (bad input: bad values through the live seat; storm: its entries; warrants: "
@@ -118,7 +134,131 @@ def render(data: dict[str, Any]) -> str:
             lines += [f"  - lost: {what}" for what in run["lost"][:30]]
             lines += [f"  - error escaped: {what}" for what in run.get("errors", [])[:10]]
         lines.append("")
-    return "\n".join(lines)
+    return lines
+
+
+def _mib(value: float) -> str:
+    return f"{value / 2**20:.1f} MiB"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:g} s"
+    return f"{seconds / 60:g} minute{'' if seconds == 60 else 's'}"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f} ms"
+
+
+def _load(soak: dict[str, Any]) -> str:
+    if "load_average" not in soak:
+        return ""
+    before, after = soak["load_average"]
+    return f"; the machine's load average (one minute) {before:g} at the start and {after:g} at the end"
+
+
+def _soak(soak: dict[str, Any]) -> list[str]:
+    """The soak's section: what ran, the verdict and its figures, a row a minute, and the command."""
+    v = soak["verdict"]
+    load = soak["load"]
+    minutes = soak["minutes"]
+    warmup = v["warmup_seconds"]
+    if v["flat"]:
+        said = "**flat**"
+    elif not v["judged"]:
+        said = f"**not judged**: {v['why']}"
+    else:
+        said = f"**not flat**: {v['why']}"
+    sustained = ("sustained" if load["sustained"] else f"**not sustained**: {load['why_not_sustained']}")
+    shards = (f"`benchmarks.seat_proc --shards {soak['shards']}`, one process of a partitioned seat started as "
+              "`serve` starts it, as the saturation was measured" if soak["shards"]
+              else "`benchmarks.seat_proc`, a seat not partitioned")
+    lines = [
+        "## Soak",
+        "",
+        f"One seat process ({shards}) on the benchmarks' mesh of {soak['nodes']:,} nodes, under "
+        f"{soak['rate']:g} changes a second ({soak['rate_source']}) for {minutes:g} minutes, on a nats-server of its "
+        f"own on 127.0.0.1; sampled every {soak['interval_seconds']:g} s. The verdict: {said}. The load was "
+        f"{sustained}.",
+        "",
+        f"Growth is judged after a warm-up of {_duration(warmup)}, from the start of what follows to its end: "
+        f"{v['rule']}. Resident memory, open file descriptors and threads are read from /proc; the asyncio tasks "
+        "not done on the seat's loops from its `/metrics` (`mesh_provisioner_loop_tasks`, summed over its loops); "
+        "the latency is that of each change to the write it causes, as the load saw the writes.",
+        "",
+    ]
+    if v["resources"] or v["p99"]:
+        lines += [
+            f"| | after the warm-up ({_duration(warmup)}; a median of {v['ends']} samples) | at the end (a median of "
+            f"the last {v['ends']}) | growth | flat |",
+            "|---|---|---|---|---|",
+        ]
+        names = {"rss_bytes": "resident memory", "fds": "open file descriptors", "threads": "threads",
+                 "tasks": "asyncio tasks"}
+        for name, words in names.items():
+            r = v["resources"].get(name, {})
+            if not r.get("judged"):
+                lines.append(f"| {words} | - | - | - | not judged |")
+                continue
+            show = _mib if name == "rss_bytes" else (lambda x: f"{x:,g}")
+            lines.append(f"| {words} | {show(r['start'])} | {show(r['end'])} | "
+                         f"{r['growth']:+.1%} | {'yes' if r['flat'] else '**no**'} |")
+        p = v["p99"]
+        if p.get("judged"):
+            lines.append(f"| change-to-write p99 (of the first and the last fifth of the samples after the "
+                         f"warm-up: {p['writes_first']:,} and {p['writes_last']:,} writes) | {_ms(p['first_ms'])} | "
+                         f"{_ms(p['last_ms'])} | "
+                         f"{p['ratio']:.2f} times | {'yes' if p['flat'] else '**no**'} |")
+        else:
+            lines.append("| change-to-write p99 | - | - | - | not judged |")
+        lines.append("")
+    cold = soak["cold"]
+    lines += [
+        "![The soak: the seat process's memory, file descriptors, threads, tasks and change-to-write latency, "
+        "sampled as the load ran](soak.png)",
+        "",
+        f"The load: {load['changes']:,} changes in {load['seconds']:.0f} s, {load['writes']:,} writes timed "
+        f"(p50 {_ms(load['p50_ms'])}, p99 {_ms(load['p99_ms'])}, the slowest {_ms(load['max_ms'])}), "
+        f"{load['missed']:,} never came within 5 s. Before it, the cold start: {cold['seconds']:.1f} s, "
+        f"{cold['writes']:,} writes, {cold['keys']:,} keys in the cache.",
+        "",
+    ]
+    samples = soak["samples"]
+    if samples:
+        step = max(1, round(60 / soak["interval_seconds"]))
+        step = step if len(samples) > step else 1
+        shown = samples[step - 1 :: step] if len(samples) >= step else samples
+        if shown[-1] is not samples[-1]:
+            shown.append(samples[-1])
+        lines += [
+            "| s | resident memory | fds | threads | tasks | CPU, s | changes | writes | p50 | p99 |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for x in shown:
+            tasks = "-" if x["tasks"] is None else x["tasks"]
+            lines.append(f"| {x['seconds']:.0f} | {_mib(x['rss_bytes'])} | {x['fds']} | {x['threads']} | {tasks} | "
+                         f"{x['cpu_seconds']:.0f} | {x['changes']:,} | {x['writes']:,} | {_ms(x['p50_ms'])} | "
+                         f"{_ms(x['p99_ms'])} |")
+        lines += ["", f"A row every {step * soak['interval_seconds']:g} s, and the last; a row's changes, writes "
+                      f"and latency are those of its {soak['interval_seconds']:g}-second window, its CPU the seat "
+                      "process's since it started.", ""]
+    lines += [
+        f"The soak's figures: `{soak['command']}` on {soak['started']}, in {soak['took_seconds']:.0f} s; "
+        f"{soak['machine']}{_load(soak)}. The picture: "
+        "`python -m benchmarks.plots --reliability docs/reliability.json --out docs`. "
+        f"The soak the seat is held to runs {SOAK_MINUTES} minutes at half saturation on 1,000 nodes:",
+        "",
+        "```sh",
+        SOAK_COMMAND,
+        "```",
+        "",
+        "It exits 1 when the soak is not flat or its load not sustained; it replaces only the soak's figures in the "
+        "JSON. Smaller: `python -m faults --soak 1 --soak-nodes 100 --soak-interval 2`; `--soak-rate R` another "
+        "rate (0: measure the saturation first, then soak at half of it), `--soak-warmup MINUTES` another warm-up.",
+        "",
+    ]
+    return lines
 
 
 if __name__ == "__main__":

@@ -1,10 +1,17 @@
-"""The fault runner's command line: run scenarios, keep their figures as JSON, and write the markdown from the JSON.
+"""The fault runner's command line: run scenarios or the soak, keep their figures as JSON, and write the markdown
+from the JSON.
 
     python -m faults --scenario NAME|all --seed S [--count N] [--seconds T] [--runs R] [--json FILE] [--markdown FILE]
+    python -m faults --soak MINUTES [--soak-rate R] [--soak-nodes N] [--soak-interval S] [--json FILE] [--markdown FILE]
 
 Each scenario runs `--runs` times, run i with seed S+i, each in a fresh temporary directory with servers of its own
-on 127.0.0.1. Every loop of a run is bounded in count and in time, and the runner stops by itself; it exits 0 when
-no run lost anything, 1 otherwise.
+on 127.0.0.1. The soak (`faults.soak`) runs one seat process under a steady load for MINUTES and judges whether its
+memory, file descriptors, threads, tasks and latency stay flat; with `--soak` alone no scenario runs.
+
+The scenarios and the soak are separate commands: each replaces only its own figures in an existing `--json` file
+(the soak its `soak` section, the scenarios the rest), and the markdown is written from the whole file. Every loop
+of a run is bounded in count and in time, and the runner stops by itself; it exits 0 when no run lost anything and
+the soak (if run) was flat with its load sustained, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import platform
 import shlex
 import signal
@@ -24,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from faults import soak
 from faults.report import render
 from faults.scenarios import SCENARIOS
 from faults.twin import Params, Run
@@ -31,12 +40,17 @@ from mesh_provisioner.bus.embedded import server_binary
 
 log = logging.getLogger("faults")
 
+# The longest soak the runner takes: a day.
+MOST_SOAK_MINUTES = 24 * 60
+
 
 def parser() -> argparse.ArgumentParser:
     """The runner's options."""
     p = argparse.ArgumentParser(prog="python -m faults", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scenario", default="all", help=f"one of {', '.join(SCENARIOS)}, or all (comma-separated list)")
+    p.add_argument("--scenario", default=None,
+                   help=f"one of {', '.join(SCENARIOS)}, or all (comma-separated list); default: all, or none "
+                        "with --soak")
     p.add_argument("--seed", type=int, default=20261203, help="the first run's seed; run i has seed+i")
     p.add_argument("--count", type=int, default=None,
                    help="changes per run (bad input: bad values through the live seat; storm: its entries; "
@@ -48,7 +62,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, default=40.0, help="actor kills per second (kills)")
     p.add_argument("--inputs", type=int, default=100_000,
                    help="bad values through the pure rules (bad-input), shared among its runs")
-    p.add_argument("--json", type=Path, default=None, help="write the figures as JSON here")
+    p.add_argument("--soak", type=float, default=None, metavar="MINUTES",
+                   help="run the soak for this many minutes (faults.soak)")
+    p.add_argument("--soak-rate", type=float, default=soak.RATE,
+                   help=f"the soak's changes a second (default {soak.RATE:g}: half the saturation measured in "
+                        "docs/BENCHMARKS.md); 0 measures the saturation first and takes half of it")
+    p.add_argument("--soak-nodes", type=int, default=soak.NODES, help="the nodes of the soak's mesh")
+    p.add_argument("--soak-interval", type=float, default=soak.INTERVAL, help="seconds between the soak's samples")
+    p.add_argument("--soak-warmup", type=float, default=None, metavar="MINUTES",
+                   help=f"minutes before the soak's growth is judged (default {soak.WARMUP_SECONDS / 60:g}, or a "
+                        "third of a shorter soak)")
+    p.add_argument("--soak-shards", type=int, default=soak.SHARDS,
+                   help="the soak's seat process holds this many shards, as the saturation was measured (0: a seat "
+                        "not partitioned)")
+    p.add_argument("--json", type=Path, default=None,
+                   help="write the figures as JSON here; an existing file keeps the figures this run did not make")
     p.add_argument("--markdown", type=Path, default=None, help="write the figures as markdown here (from the JSON)")
     p.add_argument("--log", type=Path, default=None, help="the seat's log records go to this file")
     p.add_argument("--log-level", default="WARNING", help="the least level of the records in --log")
@@ -90,6 +118,29 @@ def run_all(names: list[str], args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def machine() -> str:
+    """The machine, the interpreter and the nats-server, as the figures name them."""
+    return f"{platform.system()} {platform.machine()}, Python {platform.python_version()}, {nats_version()}"
+
+
+def stamp(when: datetime) -> str:
+    """A moment as the figures give it."""
+    return when.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def run_soak(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """The soak asked for, as the JSON's `soak` section keeps it."""
+    started = datetime.now(UTC)
+    # The machine's load average over the last minute, before and after: what else ran beside the soak.
+    before = os.getloadavg()[0]
+    section = soak.soak(args.soak, rate=args.soak_rate, nodes=args.soak_nodes, interval=args.soak_interval,
+                        seed=args.seed, shards=args.soak_shards,
+                        warmup=None if args.soak_warmup is None else args.soak_warmup * 60)
+    return {"command": command, "started": stamp(started),
+            "took_seconds": round((datetime.now(UTC) - started).total_seconds(), 1), "machine": machine(),
+            "load_average": [round(before, 2), round(os.getloadavg()[0], 2)], **section}
+
+
 def nats_version() -> str:
     """The nats-server's version, as it says it."""
     try:
@@ -117,32 +168,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         seat_logs.addHandler(handler)
         logging.getLogger("pykka").addHandler(handler)
     logging.getLogger("pykka").propagate = False
-    names = list(SCENARIOS) if args.scenario == "all" else [n.strip() for n in args.scenario.split(",") if n.strip()]
+    asked = args.scenario or ("" if args.soak is not None else "all")
+    names = list(SCENARIOS) if asked == "all" else [n.strip() for n in asked.split(",") if n.strip()]
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         log.error("no scenario is named %s; the scenarios are %s", ", ".join(unknown), ", ".join(SCENARIOS))
         return 2
-    started = datetime.now(UTC)
-    results = run_all(names, args)
-    data = {
-        "command": "python -m faults " + shlex.join(sys.argv[1:] if argv is None else list(argv)),
-        "seed": args.seed,
-        "runs": args.runs,
-        "seconds": args.seconds,
-        "count": args.count,
-        "inputs": args.inputs,
-        "rate": args.rate,
-        "started": started.isoformat(timespec="seconds").replace("+00:00", "Z"),
-        "took_seconds": round((datetime.now(UTC) - started).total_seconds(), 1),
-        "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}, {nats_version()}",
-        "scenarios": results,
-    }
+    if args.soak is not None and not 0 < args.soak <= MOST_SOAK_MINUTES:
+        log.error("--soak takes minutes from more than 0 to %d", MOST_SOAK_MINUTES)
+        return 2
+    command = "python -m faults " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+    # The figures this run does not make are kept from an existing file: the scenarios and the soak are run apart.
+    data: dict[str, Any] = {}
+    if args.json is not None and args.json.exists():
+        data = json.loads(args.json.read_text())
+    ok = True
+    if names:
+        started = datetime.now(UTC)
+        results = run_all(names, args)
+        kept = {"soak": data["soak"]} if "soak" in data else {}
+        data = {
+            "command": command,
+            "seed": args.seed,
+            "runs": args.runs,
+            "seconds": args.seconds,
+            "count": args.count,
+            "inputs": args.inputs,
+            "rate": args.rate,
+            "started": stamp(started),
+            "took_seconds": round((datetime.now(UTC) - started).total_seconds(), 1),
+            "machine": machine(),
+            "scenarios": results,
+            **kept,
+        }
+        lost = sum(len(run["lost"]) for s in results.values() for run in s["runs"])
+        errors = sum(len(run["errors"]) for s in results.values() for run in s["runs"])
+        log.info("%d scenario(s), %d run(s): %d thing(s) lost, %d error(s) escaped", len(results),
+                 sum(len(s["runs"]) for s in results.values()), lost, errors)
+        ok = not lost and not errors
+    if args.soak is not None:
+        data["soak"] = run_soak(args, command)
+        ok = ok and soak.passed(data["soak"])
     if args.json is not None:
         args.json.write_text(json.dumps(data, indent=1) + "\n")
     if args.markdown is not None:
         args.markdown.write_text(render(data))
-    lost = sum(len(run["lost"]) for s in results.values() for run in s["runs"])
-    errors = sum(len(run["errors"]) for s in results.values() for run in s["runs"])
-    log.info("%d scenario(s), %d run(s): %d thing(s) lost, %d error(s) escaped", len(results),
-             sum(len(s["runs"]) for s in results.values()), lost, errors)
-    return 0 if not lost and not errors else 1
+    return 0 if ok else 1

@@ -5,6 +5,7 @@ Each supervisor has a registry of its own, so that two seats embedded in one pro
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -40,6 +41,15 @@ class Metrics:
         )
         self.cache_keys = Gauge("mesh_provisioner_cache_keys", "Keys held in the cache", registry=r)
         self.seat_held = Gauge("mesh_provisioner_seat_held", "1 while this process holds the seat", registry=r)
+        self.loop_tasks = Gauge("mesh_provisioner_loop_tasks", "Asyncio tasks not done on the seat's event loops",
+                                ["loop"], registry=r)
+
+    def count_tasks(self, name: str, loop: asyncio.AbstractEventLoop) -> None:
+        """Count the tasks of `loop` as `mesh_provisioner_loop_tasks{loop=name}`, read when scraped.
+
+        `asyncio.all_tasks` may be called from another thread (the scrape's): it copies the set of tasks first.
+        """
+        self.loop_tasks.labels(name).set_function(lambda: len(asyncio.all_tasks(loop)))
 
     def observe_writes(self, states: Iterable[str], conflict: bool) -> None:
         """Count a batch's writes by state, and its conflict."""

@@ -84,6 +84,7 @@ class Runtime:
         self.router = Router(self.dispatcher, lambda: self.cache.view, config.bound_reads)
         self.metrics = metrics or Metrics()
         self.metrics.cache_keys.set_function(lambda: len(self.cache.view))
+        self.metrics.count_tasks("bus", loop.loop)  # the seat's loop, or the host's it runs on
         self.cache = Cache(nc, bound_reads=config.bound_reads, on_change=self._changed, on_resync=self._resynced,
                            request_timeout=config.request_timeout)
         self.store = Store(nc, self.cache, timeout=config.request_timeout)

@@ -110,6 +110,8 @@ class Seat:
             self.http = HttpEndpoint(config.metrics_addr, self.metrics.registry, healthy=self.healthy, ready=self.ready)
         self.loop = EventLoopThread()
         self.lease_loop = EventLoopThread(LEASE_CONNECTION)
+        self.metrics.count_tasks("bus", self.loop.loop)
+        self.metrics.count_tasks("lease", self.lease_loop.loop)
         try:
             within = config.request_timeout * 3 if connect_within is None else connect_within
             wait = None if math.isinf(within) else within + config.request_timeout

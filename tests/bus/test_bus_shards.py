@@ -9,8 +9,8 @@ import pytest
 from nats.aio.client import Client
 
 from mesh_provisioner.bus.connection import ensure_buckets
-from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.lease import SeatLease
+from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.shards import ShardLeases
 from mesh_provisioner.bus.store import Store
 from mesh_provisioner.contract import NEEDS, PLANS, PROVISIONS, REGISTRY, SEAT_STATES

@@ -296,6 +296,8 @@ def test_4_metrics_and_health_scraped_over_http(bus: tuple[NatsServer, EventLoop
         assert _sample(metrics, 'mesh_provisioner_writes_total{state="mesh-provisioner.plans"}') > 0
         assert _sample(metrics, "mesh_provisioner_seat_held") == 1.0
         assert _sample(metrics, "mesh_provisioner_cache_keys") > 0
+        assert _sample(metrics, 'mesh_provisioner_loop_tasks{loop="bus"}') > 0
+        assert _sample(metrics, 'mesh_provisioner_loop_tasks{loop="lease"}') >= 0
         assert _sample(metrics, "mesh_provisioner_change_to_write_seconds_count") >= 0
         assert _get(f"http://127.0.0.1:{port_a}/healthz")[0] == 200
         # A standby is alive but not ready, and says why.
