@@ -100,13 +100,13 @@ def cold(url: str, mesh: Mesh, processes: int, shards: int = SHARDS, *,
 
 
 def sustained(load: steady.Load, rate: float) -> str:
-    """Why a run did not sustain its rate ("" when it did): changes not made, writes that never came, or latency
+    """Why a run did not sustain its rate ("" when it did): changes not made, writes that did not come within 5 s, or latency
     that grew over the run (a backlog that grows)."""
     asked = rate * load.seconds
     if load.changes < MADE_SHARE * asked:
         return f"made {load.changes} of {asked:.0f} changes"
     if load.missed:
-        return f"{load.missed} writes never came"
+        return f"{load.missed} writes did not come within 5 s"
     n = len(load.samples)
     if n < 8:
         return f"only {n} writes timed"

@@ -15,7 +15,7 @@ changes a second for MINUTES, and every S seconds (10 by default) the seat proce
 - the asyncio tasks not done on its event loops: `mesh_provisioner_loop_tasks`, summed over its loops, from its
   `/metrics`;
 - the change-to-write latency (p50, p99) of the writes the load saw in that window, the changes it made, and the
-  writes that never came.
+  writes that did not come within 5 s.
 
 `verdict` judges the samples: see its rules there. Every loop is bounded in count and time; the server and the seat
 process stop when the soak ends, however it ends (the runner turns SIGTERM into an exit).
@@ -81,7 +81,7 @@ class Sample:
     cpu_seconds: float
     changes: int  # made in the window
     writes: int  # timed in the window
-    missed: int  # writes that never came, counted in the window
+    missed: int  # writes that did not come within 5 s, counted in the window
     p50_ms: float | None
     p99_ms: float | None
     latencies_ms: list[float] = field(default_factory=list, repr=False)  # the window's, not kept in the JSON
