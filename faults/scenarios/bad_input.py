@@ -16,9 +16,8 @@ import random
 import time
 
 from faults.badinput import READ_STATES, draw_inputs, pure_run
-from faults.mesh import ROUTER, Change, extra_states, final_changes, random_changes
+from faults.mesh import ROUTER, Change, final_changes, initial_states, random_changes
 from faults.twin import Params, Run, Twin, finish
-from mesh_provisioner.samples import sample_mesh
 from meshcheck import check
 from meshcheck.bus import raw
 
@@ -36,10 +35,9 @@ def run(p: Params) -> Run:
     out.figures.update(pure_inputs=pure.inputs, pure_settles=pure.settles, pure_seconds=round(pure.seconds, 1))
     out.lost += [f"the pure rules: {problem}" for problem in pure.problems]
     bad = draw_inputs(p.count(CHANGES), p.seed, live=True)
-    good_changes = random_changes(random.Random(p.seed), GOOD)
-    good: dict[tuple[str, str], bytes | None] = {}
-    for states in (sample_mesh(), extra_states()):
-        good.update({(state, key): value for state, values in states.items() for key, value in values.items()})
+    good_changes = random_changes(random.Random(p.seed), GOOD, p.nodes)
+    good: dict[tuple[str, str], bytes | None] = {
+        (state, key): value for state, values in initial_states(p.nodes).items() for key, value in values.items()}
     try:
         live(p, out, bad, good_changes, good)
     except Exception as err:  # the pure share's figures stay with the run
@@ -51,7 +49,9 @@ def live(p: Params, out: Run, bad: list[tuple[str, str, bytes]], good_changes: l
          good: dict[tuple[str, str], bytes | None]) -> None:
     """The live share: bad values into the disturbed bus during the good changes, then given back; every check."""
     touched: set[tuple[str, str]] = set()
-    with check.watching_errors() as errors, Twin(p.work, max_payload=MAX_PAYLOAD) as twin:
+    with check.watching_errors() as errors, Twin(
+        p.work, nodes=p.nodes, pace=p.pace, max_payload=MAX_PAYLOAD
+    ) as twin:
         for bus in (twin.disturbed, twin.reference):
             for state in READ_STATES:  # as the modules owning them would have made them
                 bus.create_bucket(state)
@@ -85,7 +85,7 @@ def live(p: Params, out: Run, bad: list[tuple[str, str, bytes]], good_changes: l
             else:
                 twin.disturbed.put(state, key, value, validate=False)
         out.changed()
-        for change in final_changes(good_changes):
+        for change in final_changes(good_changes, p.nodes):
             twin.write(change, out)
         finish(out, twin, settled=sup.wait_settled, answers=lambda: check.composes(sup), errors=errors)
         out.figures.update(live_inputs=out.faults, keys_touched=len(touched),

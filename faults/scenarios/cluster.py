@@ -30,7 +30,7 @@ def run(p: Params) -> Run:
     """One run: the stream with a cluster server killed and revived `p.faults` (1) times; every check."""
     out = Run(NAME, p.seed)
     rng = random.Random(p.seed)
-    changes = random_changes(rng, p.count(CHANGES))
+    changes = random_changes(rng, p.count(CHANGES), p.nodes)
     kills = p.faults if p.faults is not None else KILLS
     # Each kill at (2k+1)/(2n+1) of the stream, its revival at (2k+2)/(2n+1).
     marks = [(j + 1) * len(changes) // (2 * kills + 1) for j in range(2 * kills)]
@@ -38,7 +38,7 @@ def run(p: Params) -> Run:
     cas = CasSpy()
     try:
         with check.watching_errors() as errors, spied_compositions() as composing, Twin(
-            p.work, disturbed_url=cluster.url, replicas=REPLICAS
+            p.work, nodes=p.nodes, pace=p.pace, disturbed_url=cluster.url, replicas=REPLICAS
         ) as twin:
             with spied_runtimes(cas):
                 sup = twin.start_disturbed()
@@ -59,7 +59,7 @@ def run(p: Params) -> Run:
             if down >= 0:
                 cluster.revive(down)
                 out.fault()
-            for change in final_changes(changes):
+            for change in final_changes(changes, p.nodes):
                 twin.write(change, out)
 
             def replicated() -> list[str]:

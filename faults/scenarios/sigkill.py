@@ -143,10 +143,10 @@ class HolderWatch(LeaseWatch):
 def run(p: Params) -> Run:
     """One run: the stream with the holder killed `p.faults` (2) times, then the final mesh; every check."""
     out = Run(NAME, p.seed)
-    changes = random_changes(random.Random(p.seed), p.count(CHANGES))
+    changes = random_changes(random.Random(p.seed), p.count(CHANGES), p.nodes)
     kills = p.faults if p.faults is not None else KILLS
     at = {(i + 1) * len(changes) // (kills + 1) for i in range(kills)}
-    with Twin(p.work, leased=True, lease_seconds=LEASE) as twin:
+    with Twin(p.work, nodes=p.nodes, pace=p.pace, leased=True, lease_seconds=LEASE) as twin:
         url = twin.disturbed.url
         procs = Processes(url, p.work)
         twin.write_logs = procs.writes
@@ -175,7 +175,7 @@ def run(p: Params) -> Run:
                     takeovers.append((out.last_fault, holder.pid))
                     procs.start()  # the next standby
                 twin.write(change, out)
-            for change in final_changes(changes):
+            for change in final_changes(changes, p.nodes):
                 twin.write(change, out)
 
             def settled(timeout: float) -> bool:
