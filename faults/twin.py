@@ -1,7 +1,8 @@
 """One run of a scenario: its parameters, what it found, and the two buses it compares (disturbed and undisturbed).
 
 Two buses get the same sample mesh and, change by change, the same changes (written to both by another module's
-connection). A seat serves each: the disturbed one suffers the scenario's faults, the reference is left alone. Every
+connection). A seat serves each: the disturbed one suffers the scenario's faults, the reference is left alone, in a
+process of its own (`faults.undisturbed`). Every
 write to the disturbed seat's states is recorded as the run goes (`meshcheck.history.History`), and each seat
 process logs the compare-and-sets it sends (`faults.spies.CasSpy`: in-process, or `python -m faults.logged` for a
 seat process). The run ends with `finish`: both settled, then every check of `meshcheck.check` and the write
@@ -20,6 +21,7 @@ from typing import Any
 from faults.mesh import Change, prepare, write
 from faults.servers import server
 from faults.spies import CasSpy, spied_runtimes
+from faults.undisturbed import SeatProcess
 from mesh_provisioner.bus.embedded import EmbeddedServer
 from mesh_provisioner.config import Config
 from mesh_provisioner.contract import LEASE_SECONDS
@@ -184,7 +186,7 @@ class Twin:
         prepare(self.reference, nodes=nodes)
         self.history = history.History(self.disturbed, replicas=replicas,
                                        lease_seconds=float(config.get("lease_seconds", LEASE_SECONDS)))
-        self.reference_seat = Runtime.start(seat_config(self.reference.url, **config))
+        self.reference_seat = SeatProcess(seat_config(self.reference.url, **config))
         self.sup: Runtime | None = None
         if not self.reference_seat.wait_settled(SETTLE_SECONDS):
             raise RuntimeError("the undisturbed seat did not settle on the sample mesh")
@@ -310,6 +312,7 @@ def finish(
         run.figures["changes_per_second"] = twin.pacer.figures()
     if more is not None:
         run.lost += more()
+    run.errors += [f"the undisturbed seat: {p}" for p in twin.reference_seat.problems()]
     if errors is not None:
         run.errors += errors.problems()
         run.figures["deliberate kills logged"] = errors.kills
