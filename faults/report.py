@@ -15,6 +15,10 @@ LONG_COMMAND = (
     "python -m faults --scenario all --seed 20261203 --runs 3 "
     "--json docs/reliability.json --markdown docs/RELIABILITY.md"
 )
+GOAL_COMMAND = (
+    "python -m faults --scenario all --scale goal "
+    "--json docs/reliability-goal.json --markdown docs/RELIABILITY-goal.md"
+)
 
 
 def _seconds(values: list[float]) -> tuple[str, str]:
@@ -32,16 +36,31 @@ def _lost(runs: list[dict[str, Any]], what: str = "lost") -> str:
     return ("nothing" if what == "lost" else "none") if not found else f"**{len(found)}** (see below)"
 
 
+def _scale(data: dict[str, Any]) -> str:
+    """The scale's line: its name, the mesh's nodes, the stream's pace and the runs (a JSON from before scales was
+    of the small one)."""
+    scale, nodes, pace = data.get("scale", "small"), data.get("nodes", 3), data.get("pace")
+    paced = "written as fast as the runner writes it" if pace is None else f"paced at {pace:g} changes a second"
+    line = (f"Scale: **{scale}**, a mesh of **{nodes} nodes**, each run's stream of changes {paced}, "
+            f"{data['runs']} run(s) of each scenario.")
+    if data.get("pace_source"):
+        line += f" The pace: {data['pace_source']}."
+    return line
+
+
 def render(data: dict[str, Any]) -> str:
     """The markdown of a run of the runner."""
     lost = sum(len(run["lost"]) + len(run.get("errors", [])) for s in data["scenarios"].values() for run in s["runs"])
+    small = data.get("scale", "small") == "small"
     lines = [
-        "# Reliability figures",
+        "# Reliability figures" + ("" if small else f" at the {data['scale']} scale"),
         "",
         "What the seat does when things go wrong, and what it lost"
         + (": nothing." if not lost else f": **{lost}** finding(s), below.")
         + " Each scenario below breaks something (actors, the server, a cluster, the seat process, the input) "
         "while a stream of changes runs through the seat, then checks the bus once the seat settled again.",
+        "",
+        _scale(data),
         "",
         "| scenario | faults injected (per run) | changes (per run) | settle after the last fault: median | worst "
         "| lost | errors escaped |",
@@ -54,10 +73,13 @@ def render(data: dict[str, Any]) -> str:
         median, worst = _seconds([run["settle_seconds"] for run in runs if run["settle_seconds"] is not None])
         lines.append(f"| {name} | {_span(faults)} {s['faults']} | {_span(changes)} | {median} | {worst} | "
                      f"{_lost(runs)} | {_lost(runs, 'errors')} |")
+    if small:
+        lines += [
+            "",
+            f"![After each kind of fault, the time until the seat settled again: one dot a run, {data['runs']} runs "
+            "each](reliability.png)",
+        ]
     lines += [
-        "",
-        f"![After each kind of fault, the time until the seat settled again: one dot a run, {data['runs']} runs each]"
-        "(reliability.png)",
         "",
         "**Settle** runs from the last fault (or the last change, when it came later) until the disturbed seat is "
         "settled: every change on the bus in its cache, every mailbox empty, no write pending (for the seat "
@@ -80,8 +102,9 @@ def render(data: dict[str, Any]) -> str:
         "`mesh_provisioner` loggers but the deliberate kills').",
         "",
         f"Produced by `{data['command']}` (seed {data['seed']}, {data['runs']} run(s) of each scenario, run *i* with "
-        f"seed {data['seed']}+*i*) on {data['started']}, in {data['took_seconds']:.0f} s; {data['machine']}. The "
-        "picture: `python -m benchmarks.plots --reliability docs/reliability.json --out docs`.",
+        f"seed {data['seed']}+*i*) on {data['started']}, in {data['took_seconds']:.0f} s; {data['machine']}."
+        + (" The picture: `python -m benchmarks.plots --reliability docs/reliability.json --out docs`." if small
+           else ""),
     ]
     pure = [run["figures"].get("pure_inputs", 0) for s in data["scenarios"].values() for run in s["runs"]]
     if any(pure):
@@ -95,14 +118,16 @@ def render(data: dict[str, Any]) -> str:
         f"The long version, which wrote this file (in {data['took_seconds'] / 60:.0f} minutes here):",
         "",
         "```sh",
-        LONG_COMMAND,
+        LONG_COMMAND if small else GOAL_COMMAND,
         "```",
         "",
         "One scenario, smaller: `python -m faults --scenario storm --seed 7 --runs 1 --count 500`. The options:",
         "`--count` changes per run (bad input: bad values through the live seat; storm: its entries; warrants: "
         "forged and replayed answers), `--seconds` the bound of each run's stream, `--faults` faults per run where "
         "a scenario counts them, `--rate` kills per second, `--inputs` bad values through the pure rules (shared "
-        "among the runs). CI runs a "
+        "among the runs), `--nodes` the mesh's nodes, `--pace` the stream's changes a second; `--scale small|goal` "
+        "sets all of them at once (`faults/scale.py`: `goal` is the reliability goal on 200 nodes, one run of each "
+        f"scenario, `{GOAL_COMMAND}`), and a flag given overrides the scale's value. CI runs a "
         "bounded version of every scenario (`tests/faults/`).",
         "",
         "## Each run",
