@@ -74,7 +74,7 @@ GOAL: Final = Scale(
         "shards": Setting(changes=600, faults=5),
         "cluster": Setting(changes=1100, faults=5),
         "storm": Setting(),
-        "bad-input": Setting(changes=20_000, inputs=80_000),
+        "bad-input": Setting(changes=100_000, inputs=100_000),
         "warrants": Setting(changes=1000),
     }),
 )
