@@ -2,7 +2,7 @@
 
 Two buses get the same sample mesh and, change by change, the same changes (written to both by another module's
 connection). A seat serves each: the disturbed one suffers the scenario's faults, the reference is left alone, in a
-process of its own (`faults.undisturbed`). Every
+process of its own, and the stream is written by a process of its own too (`faults.apart`). Every
 write to the disturbed seat's states is recorded as the run goes (`meshcheck.history.History`), and each seat
 process logs the compare-and-sets it sends (`faults.spies.CasSpy`: in-process, or `python -m faults.logged` for a
 seat process). The run ends with `finish`: both settled, then every check of `meshcheck.check` and the write
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from faults.mesh import Change, prepare, write
+from faults.apart import SeatProcess, Writer
+from faults.mesh import Change, prepare
 from faults.servers import server
 from faults.spies import CasSpy, spied_runtimes
-from faults.undisturbed import SeatProcess
 from mesh_provisioner.bus.embedded import EmbeddedServer
 from mesh_provisioner.config import Config
 from mesh_provisioner.contract import LEASE_SECONDS
@@ -187,6 +187,7 @@ class Twin:
         self.history = history.History(self.disturbed, replicas=replicas,
                                        lease_seconds=float(config.get("lease_seconds", LEASE_SECONDS)))
         self.reference_seat = SeatProcess(seat_config(self.reference.url, **config))
+        self.writer = Writer(self.disturbed.url, self.reference.url, timeout=self.disturbed.timeout)
         self.sup: Runtime | None = None
         if not self.reference_seat.wait_settled(SETTLE_SECONDS):
             raise RuntimeError("the undisturbed seat did not settle on the sample mesh")
@@ -234,9 +235,7 @@ class Twin:
     def write(self, change: Change, run: Run | None = None, *, reference: bool = True) -> None:
         """Make one change on both buses (or on the disturbed one alone), at the run's pace."""
         self.pacer.wait()
-        write(self.disturbed, change)
-        if reference:
-            write(self.reference, change)
+        self.writer.write(change, reference=reference)
         if run is not None:
             run.changed()
 
@@ -245,6 +244,7 @@ class Twin:
         for stop in (
             self.sup.stop if self.sup is not None else None,
             self.reference_seat.stop,
+            self.writer.stop,
             self.history.close if self.history is not None else None,
             self.disturbed.close,
             self.reference.close,
