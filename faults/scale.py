@@ -67,7 +67,7 @@ SMALL: Final = Scale("small", nodes=3, runs=3, seconds=60.0, pace=None)
 GOAL: Final = Scale(
     "goal", nodes=200, runs=1, seconds=900.0, pace=SATURATION / 2,
     scenarios=MappingProxyType({
-        "kills": Setting(changes=2000, faults=1000, rate=25.0),
+        "kills": Setting(changes=4000, faults=1000, rate=25.0),
         "restarts": Setting(changes=1100, faults=10),
         "pause": Setting(changes=300),
         "sigkill": Setting(changes=1100, faults=10),
