@@ -197,8 +197,8 @@ def _value(draw: st.DrawFn, state: str) -> bytes:
         return json.dumps(record).encode()
     if how == "deep":
         depth = draw(st.sampled_from(DEPTHS))
-        where = draw(st.sampled_from((*FIELDS.get(family, ("x",)), "x"))).encode()
-        return b'{"' + where + b'": ' + b"[" * depth + b"]" * depth + b"}"
+        nested = draw(st.sampled_from((*FIELDS.get(family, ("x",)), "x"))).encode()
+        return b'{"' + nested + b'": ' + b"[" * depth + b"]" * depth + b"}"
     return json.dumps(draw(shape)).encode()
 
 

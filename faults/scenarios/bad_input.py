@@ -83,11 +83,11 @@ def live(p: Params, out: Run, bad: Iterable[tuple[str, str, bytes]], count: int,
                 good[(change[0], change[1])] = None if change[2] is None else raw(change[2])
         # Every key that got a bad value is given back its good value: the seat must end where the other ends.
         for state, key in sorted(touched):
-            value = good.get((state, key))
-            if value is None:
+            kept = good.get((state, key))
+            if kept is None:
                 twin.disturbed.delete(state, key, validate=False)
             else:
-                twin.disturbed.put(state, key, value, validate=False)
+                twin.disturbed.put(state, key, kept, validate=False)
         out.changed()
         for change in final_changes(good_changes, p.nodes):
             twin.write(change, out)
