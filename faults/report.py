@@ -45,6 +45,11 @@ def _scale(data: dict[str, Any]) -> str:
             f"{data['runs']} run(s) of each scenario.")
     if data.get("pace_source"):
         line += f" The pace: {data['pace_source']}."
+    made = [f"{name} {run['figures']['changes_per_second']['made']:g}" for name, s in data["scenarios"].items()
+            for run in s["runs"] if (run["figures"].get("changes_per_second") or {}).get("made")]
+    if pace is not None and made:
+        line += (" The pace each run made, in changes a second from its first change to its last (the waits of its "
+                 "faults within, and the bad values between bad input's): " + ", ".join(made) + ".")
     return line
 
 
