@@ -62,9 +62,9 @@ class Params:
 
 
 class Pacer:
-    """Spaces calls `1 / rate` seconds apart on average: a call made late is made up for by the next ones coming at
-    once, but never more than BURST seconds of them (after a pause of the stream, it goes on at the rate). Counts the
-    calls and their span."""
+    """Spaces calls `1 / rate` seconds apart on average from the first: a call made late is made up for by the next
+    ones coming at once, but never more than BURST seconds of them (after a pause of the stream, it goes on at the
+    rate). Counts the calls and their span."""
 
     BURST = 0.5
 
@@ -78,7 +78,7 @@ class Pacer:
         """Return at the next slot."""
         now = time.monotonic()
         if self.rate:
-            self._next = max(self._next, now - self.BURST)
+            self._next = max(self._next, now - self.BURST) if self.calls else now
             if self._next > now:
                 time.sleep(self._next - now)
                 now = time.monotonic()

@@ -13,7 +13,7 @@ from faults.mesh import final_mesh, grown, initial_states, node_names, stream
 from faults.runner import params_of, parser, run_scenario, short
 from faults.scale import GOAL, SCALES, SMALL
 from faults.scenarios import SCENARIOS
-from faults.twin import Params, Run
+from faults.twin import Pacer, Params, Run
 from mesh_provisioner.contract import DEFAULT_BOUND_READS, PLACEMENT, PLANS, REFUSED, RESOLVED
 from meshcheck.settled import expected
 
@@ -91,3 +91,11 @@ def test_a_grown_mesh_settles_to_settle_of_its_final_inputs(tmp_path: Path) -> N
     assert run.ok, "\n".join(run.lost + run.errors)
     assert run.faults == 2 and run.settle_seconds is not None
     assert run.figures["nodes"] == 24 and run.summary.startswith("50 plans")
+
+
+def test_the_pacer_keeps_its_rate_from_the_first_call() -> None:
+    pacer = Pacer(200.0)
+    for _ in range(41):
+        pacer.wait()
+    assert pacer.calls == 41 and pacer.last - pacer.first >= 40 / 200.0 - 0.01  # no burst at the start
+    assert Pacer(None).figures()["made"] is None
