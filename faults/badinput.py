@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -196,8 +197,8 @@ def _value(draw: st.DrawFn, state: str) -> bytes:
         return json.dumps(record).encode()
     if how == "deep":
         depth = draw(st.sampled_from(DEPTHS))
-        where = draw(st.sampled_from((*FIELDS.get(family, ("x",)), "x"))).encode()
-        return b'{"' + where + b'": ' + b"[" * depth + b"]" * depth + b"}"
+        nested = draw(st.sampled_from((*FIELDS.get(family, ("x",)), "x"))).encode()
+        return b'{"' + nested + b'": ' + b"[" * depth + b"]" * depth + b"}"
     return json.dumps(draw(shape)).encode()
 
 
@@ -206,6 +207,17 @@ def inputs(draw: st.DrawFn, live: bool = False) -> tuple[str, str, bytes]:
     """One bad input: a state the seat reads, a key, a value."""
     state = draw(st.sampled_from(READ_STATES))
     return state, draw(_key(state, live)), draw(_value(state))
+
+
+CHUNK = 2_000
+
+
+def stream_inputs(n: int, seed: int, *, live: bool = False, chunk: int = CHUNK) -> Iterator[tuple[str, str, bytes]]:
+    """n inputs drawn `chunk` at a time, so that a hundred thousand of them (megabyte values among them) are never
+    all held at once: chunk c is `draw_inputs` of seed + c * 1,000,003 (the first, `draw_inputs(n, seed)` itself
+    when n is at most `chunk`)."""
+    for c, start in enumerate(range(0, n, chunk)):
+        yield from draw_inputs(min(chunk, n - start), seed + c * 1_000_003, live=live)
 
 
 def draw_inputs(n: int, seed: int, *, live: bool = False) -> list[tuple[str, str, bytes]]:

@@ -4,6 +4,18 @@ The stream changes the other modules' states at random (placement, wants, haves,
 providers, a module's trunk manifest) and lets the router decide the asks it holds, then ends by setting every input
 of a composition to a final mesh in which no module is held, so that what a seat ends with depends on the final
 inputs alone (a held module keeps its last plan: that would depend on history).
+
+The mesh has `nodes` nodes (3 by default: the sample's ace and bee, and cat). Past three, the nodes are grown
+(`grown`): n003, n004, ... each placed with consumers of the sample's manifests (webapp, mailer, reports), one in ten
+also a provider node (postgres, keycloak, minio), and every consumer resolved (mesh-config) to its group's provider
+node, bee's to ace and cat, since each of those provisions is then provided on several nodes. The grown nodes are
+loaded with the sample mesh and are part of the final mesh; the stream draws its nodes from all of them. With three
+nodes the stream, the final mesh and the loaded mesh are exactly what they were before the mesh could grow, for
+every seed.
+
+The stream is over this catalogue, not over the benchmarks' generated mesh (`benchmarks/mesh.py`): that one's
+modules are synthetic apps with no intermediate variety (builds, trunk manifests, retiring keys, providers judged by
+their have) for the stream to change, and its keys would not be the sample's, which three-node runs keep.
 """
 
 from __future__ import annotations
@@ -30,6 +42,14 @@ from mesh_provisioner.samples import sample_mesh
 from meshcheck.bus import Bus, raw
 
 NODES = ("ace", "bee", "cat")
+# A grown mesh: one grown node in PROVIDER_EVERY is a provider node, with these modules; every other grown node
+# is placed with one of CONSUMERS, in turn.
+PROVIDER_EVERY = 10
+PROVIDERS = ("postgres", "keycloak", "minio", "webapp")
+CONSUMERS = (("webapp",), ("mailer",), ("reports",), ("webapp", "mailer", "reports"), ("mailer", "reports"))
+# What each consumer requires that a grown mesh provides on several nodes: mesh-config resolves it.
+SEVERAL = {"webapp": ("postgres-database", "oidc-client"), "mailer": ("postgres-database",),
+           "reports": ("object-storage",)}
 FPS = {
     "postgres": ("pg1",),
     "gitea": ("gt1", "gt2"),
@@ -91,19 +111,65 @@ def extra_states() -> dict[str, dict[str, bytes]]:
     return {state: {key: raw(v) for key, v in values.items()} for state, values in EXTRA.items()}
 
 
-def final_mesh() -> dict[tuple[str, str], bytes]:
-    """The composing inputs the stream ends with: the sample's, and minio on cat, so that reports composes."""
+def node_names(nodes: int = len(NODES)) -> tuple[str, ...]:
+    """The mesh's nodes: ace, bee and cat, then n003, n004, ... up to `nodes` in all."""
+    if nodes < len(NODES):
+        raise ValueError(f"a fault run's mesh has at least {len(NODES)} nodes, not {nodes}")
+    return NODES + tuple(f"n{i:03d}" for i in range(len(NODES), nodes))
+
+
+def provider_node(i: int) -> str:
+    """The provider node of grown node i's group (itself, for a provider node)."""
+    return f"n{i - (i - len(NODES)) % PROVIDER_EVERY:03d}"
+
+
+def grown(nodes: int) -> dict[tuple[str, str], bytes]:
+    """The composing inputs of the nodes past the first three (nothing for three): their placement, wants, haves and
+    resolved providers, and bee's resolved providers, which the grown provider nodes make ambiguous."""
+    if nodes <= len(NODES):
+        return {}
+    out: dict[tuple[str, str], bytes] = {}
+    for i, node in enumerate(node_names(nodes)[len(NODES):], start=len(NODES)):
+        provider = provider_node(i)
+        first = (i - len(NODES)) % PROVIDER_EVERY == 0
+        modules = PROVIDERS if first else CONSUMERS[(i - len(NODES)) % len(CONSUMERS)]
+        out[(PLACEMENT, node)] = raw({"node": node, "modules": [{"module": m} for m in modules]})
+        for m in modules:
+            out[(WANTS, f"want.{node}.{m}")] = raw({"fp": FPS[m][0]})
+            out[(HAVE, f"{node}.{m}")] = raw({"fp": FPS[m][0], "phase": "running", "health": "ok"})
+            if m in SEVERAL:
+                out[(RESOLVED, f"{node}.{m}")] = raw({"providers": dict.fromkeys(SEVERAL[m], provider)})
+    sample_node = {"postgres-database": "ace", "oidc-client": "ace", "object-storage": "cat"}
+    for m in ("webapp", "mailer", "reports"):
+        out[(RESOLVED, f"bee.{m}")] = raw({"providers": {p: sample_node[p] for p in SEVERAL[m]}})
+    return out
+
+
+def initial_states(nodes: int = len(NODES)) -> dict[str, dict[str, bytes]]:
+    """What a run's buses are loaded with: the sample mesh, the stream's extra states and the grown nodes."""
+    states = sample_mesh()
+    for state, values in extra_states().items():
+        states.setdefault(state, {}).update(values)
+    for (state, key), value in grown(nodes).items():
+        states.setdefault(state, {})[key] = value
+    return states
+
+
+def final_mesh(nodes: int = len(NODES)) -> dict[tuple[str, str], bytes]:
+    """The composing inputs the stream ends with: the sample's, minio on cat, so that reports composes, and the
+    grown nodes' (as loaded)."""
     sample = sample_mesh()
     out = {(state, key): v for state in COMPOSING for key, v in sample.get(state, {}).items()}
     out[(PLACEMENT, "cat")] = raw({"node": "cat", "modules": [{"module": "minio"}]})
     out[(MODULES, "minio")] = raw(EXTRA[MODULES]["minio"])
+    out.update(grown(nodes))
     return out
 
 
-def bound_keys() -> list[tuple[str, str]]:
+def bound_keys(nodes: int = len(NODES)) -> list[tuple[str, str]]:
     """The provider entries the stream writes: keys the seat may make on any node, but the referenced ones."""
     out = []
-    for node in NODES:
+    for node in node_names(nodes):
         for provider, key in (
             ("postgres", f"{node}.webapp.postgres-database"),
             ("postgres", f"{node}.mailer.postgres-database.mail"),
@@ -118,20 +184,23 @@ def bound_keys() -> list[tuple[str, str]]:
     return out
 
 
-def random_changes(rng: random.Random, n: int) -> list[Change]:
-    """n random changes of the other modules' states (and now and then the router deciding what it holds)."""
-    bounds = bound_keys()
+def random_changes(rng: random.Random, n: int, nodes: int = len(NODES)) -> list[Change]:
+    """n random changes of the other modules' states (and now and then the router deciding what it holds), over a
+    mesh of `nodes` nodes."""
+    bounds = bound_keys(nodes)
+    names = node_names(nodes)
     sample_haves = list(sample_mesh()[HAVE])
     wanted = [key.removeprefix("want.") for key in sample_mesh()[WANTS]]
+    wanted += [key.removeprefix("want.") for state, key in grown(nodes) if state == WANTS]
     changes: list[Change] = []
     for _ in range(n):
         roll = rng.random()
         if roll < 0.18:
-            node = rng.choice(NODES)
+            node = rng.choice(names)
             modules = [m for m in MODULES_ALL if rng.random() < 0.45]
             changes.append((PLACEMENT, node, {"node": node, "modules": [{"module": m} for m in modules]}))
         elif roll < 0.32:
-            node, module = rng.choice(NODES), rng.choice(MODULES_ALL)
+            node, module = rng.choice(names), rng.choice(MODULES_ALL)
             choice = rng.random()
             value = {"fp": rng.choice(FPS[module])} if choice < 0.7 else {"fp": "", "removed": True}
             changes.append((WANTS, f"want.{node}.{module}", value if choice < 0.9 else None))
@@ -144,13 +213,13 @@ def random_changes(rng: random.Random, n: int) -> list[Change]:
             changes.append((HAVE, key, {"fp": FPS[module][0], "phase": phase, "health": health}))
         elif roll < 0.80:
             state, key = rng.choice(bounds)
-            value = rng.choice([{"state": "provided"}, {"state": "provided"}, {"state": "failed", "why": "quota"},
-                                {"state": "waits", "why": "a person accepts it"}, None])
-            changes.append((state, key, value))
+            outcome = rng.choice([{"state": "provided"}, {"state": "provided"}, {"state": "failed", "why": "quota"},
+                                  {"state": "waits", "why": "a person accepts it"}, None])
+            changes.append((state, key, outcome))
         elif roll < 0.90:
-            node = rng.choice(NODES)
-            value = {"providers": {"oidc-client": rng.choice(NODES), "object-storage": rng.choice(NODES)}}
-            changes.append((RESOLVED, f"{node}.webapp", value if rng.random() < 0.7 else None))
+            node = rng.choice(names)
+            resolved = {"providers": {"oidc-client": rng.choice(names), "object-storage": rng.choice(names)}}
+            changes.append((RESOLVED, f"{node}.webapp", resolved if rng.random() < 0.7 else None))
         elif roll < 0.97:
             manifest = rng.choice(["m-keycloak", "m-keycloak-s3"])
             changes.append((MODULES, "keycloak", {"module": "keycloak", "fp": "kc1", "manifest": manifest}))
@@ -159,22 +228,22 @@ def random_changes(rng: random.Random, n: int) -> list[Change]:
     return changes
 
 
-def final_changes(changes: list[Change]) -> list[Change]:
-    """The changes that set every composing key the stream touched, and every key of the final mesh, to the final
-    mesh."""
-    final = final_mesh()
+def final_changes(changes: list[Change], nodes: int = len(NODES)) -> list[Change]:
+    """The changes that set every composing key the stream touched, and every key of the three nodes' final mesh, to
+    the final mesh (a grown node's key the stream did not touch holds its final value since it was loaded)."""
+    final = final_mesh(nodes)
     touched = {(state, key) for state, key, _ in changes if state in COMPOSING}
     out: list[Change] = []
-    for state, key in sorted(touched | set(final)):
+    for state, key in sorted(touched | set(final_mesh())):
         value = final.get((state, key))
         out.append((state, key, msgspec.json.decode(value) if value is not None else None))
     return out
 
 
-def stream(seed: int, n: int) -> list[Change]:
+def stream(seed: int, n: int, nodes: int = len(NODES)) -> list[Change]:
     """A seeded stream of n random changes of the other modules' states, then the final mesh."""
-    changes = random_changes(random.Random(seed), n)
-    return changes + final_changes(changes)
+    changes = random_changes(random.Random(seed), n, nodes)
+    return changes + final_changes(changes, nodes)
 
 
 def decide_all(bus: Bus) -> None:
@@ -194,16 +263,14 @@ def write(bus: Bus, change: Change) -> None:
         bus.write(state, key, value)
 
 
-def prepare(bus: Bus, *, replicas: int = 1) -> None:
-    """The sample mesh and the stream's extra states on a bus, and the router's stream of asks and its records.
+def prepare(bus: Bus, *, replicas: int = 1, nodes: int = len(NODES)) -> None:
+    """The sample mesh, the stream's extra states and the grown nodes on a bus, and the router's stream of asks and
+    its records.
 
     Written through the bus's connection, so that a put a new cluster cannot take yet (its streams electing their
     leaders) is made again until it is.
     """
-    states = sample_mesh()
-    for state, values in extra_states().items():
-        states.setdefault(state, {}).update(values)
-    for state, values in states.items():
+    for state, values in initial_states(nodes).items():
         bus.create_bucket(state, replicas=replicas)
         for key, value in values.items():
             bus.put(state, key, value)

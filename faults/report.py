@@ -18,6 +18,10 @@ LONG_COMMAND = (
 )
 SOAK_MINUTES = 30
 SOAK_COMMAND = f"python -m faults --soak {SOAK_MINUTES} --json docs/reliability.json --markdown docs/RELIABILITY.md"
+GOAL_COMMAND = (
+    "python -m faults --scenario all --scale goal "
+    "--json docs/reliability.json --markdown docs/RELIABILITY.md"
+)
 
 
 def _seconds(values: list[float]) -> tuple[str, str]:
@@ -35,9 +39,27 @@ def _lost(runs: list[dict[str, Any]], what: str = "lost") -> str:
     return ("nothing" if what == "lost" else "none") if not found else f"**{len(found)}** (see below)"
 
 
+def _scale(data: dict[str, Any]) -> str:
+    """The scale's line: its name, the mesh's nodes, the stream's pace and the runs (a JSON from before scales was
+    of the small one)."""
+    scale, nodes, pace = data.get("scale", "small"), data.get("nodes", 3), data.get("pace")
+    paced = "written as fast as the runner writes it" if pace is None else f"paced at {pace:g} changes a second"
+    line = (f"Scale: **{scale}**, a mesh of **{nodes} nodes**, each run's stream of changes {paced}, "
+            f"{data['runs']} run(s) of each scenario.")
+    if data.get("pace_source"):
+        line += f" The pace: {data['pace_source']}."
+    made = [f"{name} {run['figures']['changes_per_second']['made']:g}" for name, s in data["scenarios"].items()
+            for run in s["runs"] if (run["figures"].get("changes_per_second") or {}).get("made")]
+    if pace is not None and made:
+        line += (" The pace each run made, in changes a second from its first change to its last (the waits of its "
+                 "faults within, and the bad values between bad input's): " + ", ".join(made) + ".")
+    return line
+
+
 def render(data: dict[str, Any]) -> str:
     """The markdown of the runner's JSON: its scenarios' figures and its soak's, each where there are some."""
-    lines = ["# Reliability figures", ""]
+    scale = data.get("scale", "small") if "scenarios" in data else "small"
+    lines = ["# Reliability figures" + ("" if scale == "small" else f" at the {scale} scale"), ""]
     if "scenarios" in data:
         lines += _scenarios(data)
     if "soak" in data:
@@ -47,6 +69,7 @@ def render(data: dict[str, Any]) -> str:
 
 def _scenarios(data: dict[str, Any]) -> list[str]:
     lost = sum(len(run["lost"]) + len(run.get("errors", [])) for s in data["scenarios"].values() for run in s["runs"])
+    small = data.get("scale", "small") == "small"
     soaked = (" A soak, one seat process under a steady load for a long time, judged for growth, is at the end "
               "([Soak](#soak)), from a command of its own." if "soak" in data else "")
     lines = [
@@ -54,6 +77,8 @@ def _scenarios(data: dict[str, Any]) -> list[str]:
         + (": nothing." if not lost else f": **{lost}** finding(s), below.")
         + " Each scenario below breaks something (actors, the server, a cluster, the seat process, the input) "
         "while a stream of changes runs through the seat, then checks the bus once the seat settled again." + soaked,
+        "",
+        _scale(data),
         "",
         "| scenario | faults injected (per run) | changes (per run) | settle after the last fault: median | worst "
         "| lost | errors escaped |",
@@ -68,8 +93,10 @@ def _scenarios(data: dict[str, Any]) -> list[str]:
                      f"{_lost(runs)} | {_lost(runs, 'errors')} |")
     lines += [
         "",
-        f"![After each kind of fault, the time until the seat settled again: one dot a run, {data['runs']} runs each]"
-        "(reliability.png)",
+        f"![After each kind of fault, the time until the seat settled again: one dot a run, {data['runs']} run(s) "
+        "each](reliability.png)",
+    ]
+    lines += [
         "",
         "**Settle** runs from the last fault (or the last change, when it came later) until the disturbed seat is "
         "settled: every change on the bus in its cache, every mailbox empty, no write pending (for the seat "
@@ -92,9 +119,8 @@ def _scenarios(data: dict[str, Any]) -> list[str]:
         "`mesh_provisioner` loggers but the deliberate kills').",
         "",
         f"The scenarios' figures: `{data['command']}` (seed {data['seed']}, {data['runs']} run(s) of each scenario, "
-        "run *i* with "
-        f"seed {data['seed']}+*i*) on {data['started']}, in {data['took_seconds']:.0f} s; {data['machine']}. The "
-        "picture: `python -m benchmarks.plots --reliability docs/reliability.json --out docs`.",
+        f"run *i* with seed {data['seed']}+*i*) on {data['started']}, in {data['took_seconds']:.0f} s; "
+        f"{data['machine']}. The picture: `python -m benchmarks.plots --reliability docs/reliability.json --out docs`.",
     ]
     pure = [run["figures"].get("pure_inputs", 0) for s in data["scenarios"].values() for run in s["runs"]]
     if any(pure):
@@ -105,10 +131,10 @@ def _scenarios(data: dict[str, Any]) -> list[str]:
         "",
         "## Running it again",
         "",
-        f"The long version, which wrote the scenarios' figures (in {data['took_seconds'] / 60:.0f} minutes here):",
+        f"The command that wrote the scenarios' figures (in {data['took_seconds'] / 60:.0f} minutes here):",
         "",
         "```sh",
-        LONG_COMMAND,
+        LONG_COMMAND if small else GOAL_COMMAND,
         "```",
         "",
         f"The soak is a command of its own (`{SOAK_COMMAND}`{', below' if 'soak' in data else ''}); each replaces "
@@ -118,7 +144,9 @@ def _scenarios(data: dict[str, Any]) -> list[str]:
         "`--count` changes per run (bad input: bad values through the live seat; storm: its entries; warrants: "
         "forged and replayed answers), `--seconds` the bound of each run's stream, `--faults` faults per run where "
         "a scenario counts them, `--rate` kills per second, `--inputs` bad values through the pure rules (shared "
-        "among the runs). CI runs a "
+        "among the runs), `--nodes` the mesh's nodes, `--pace` the stream's changes a second; `--scale small|goal` "
+        "sets all of them at once (`faults/scale.py`: `goal` is the reliability goal on 200 nodes, one run of each "
+        f"scenario, `{GOAL_COMMAND}`), and a flag given overrides the scale's value. CI runs a "
         "bounded version of every scenario (`tests/faults/`).",
         "",
         "## Each run",

@@ -1,12 +1,17 @@
 """The fault runner's command line: run scenarios or the soak, keep their figures as JSON, and write the markdown
 from the JSON.
 
-    python -m faults --scenario NAME|all --seed S [--count N] [--seconds T] [--runs R] [--json FILE] [--markdown FILE]
+    python -m faults --scenario NAME|all [--scale small|goal] --seed S [--count N] [--seconds T] [--runs R]
+        [--nodes N] [--pace P] [--json FILE] [--markdown FILE]
     python -m faults --soak MINUTES [--soak-rate R] [--soak-nodes N] [--soak-interval S] [--json FILE] [--markdown FILE]
 
 Each scenario runs `--runs` times, run i with seed S+i, each in a fresh temporary directory with servers of its own
-on 127.0.0.1. The soak (`faults.soak`) runs one seat process under a steady load for MINUTES and judges whether its
-memory, file descriptors, threads, tasks and latency stay flat; with `--soak` alone no scenario runs.
+on 127.0.0.1. `--scale` sets every default (faults/scale.py): `small` is three nodes, three runs and each scenario's
+own counts; `goal` is the reliability goal in one run of each scenario, on 200 nodes. A flag given overrides the
+scale's value; at a scale that asks a scenario for a count of faults, a run that made fewer (its stream ran out of
+time) says so among what it lost. The soak (`faults.soak`) runs one seat process under a steady load for MINUTES and
+judges whether its memory, file descriptors, threads, tasks and latency stay flat; with `--soak` alone no scenario
+runs.
 
 The scenarios and the soak are separate commands: each replaces only its own figures in an existing `--json` file
 (the soak its `soak` section, the scenarios the rest), and the markdown is written from the whole file. Every loop
@@ -28,12 +33,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from faults import soak
 from faults.report import render
+from faults.scale import SATURATION_SOURCE, SCALES, Scale
 from faults.scenarios import SCENARIOS
 from faults.twin import Params, Run
 from mesh_provisioner.bus.embedded import server_binary
@@ -51,17 +58,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scenario", default=None,
                    help=f"one of {', '.join(SCENARIOS)}, or all (comma-separated list); default: all, or none "
                         "with --soak")
+    p.add_argument("--scale", default="small", choices=list(SCALES),
+                   help="the defaults of every option below (faults/scale.py): small, or the reliability goal")
     p.add_argument("--seed", type=int, default=20261203, help="the first run's seed; run i has seed+i")
     p.add_argument("--count", type=int, default=None,
                    help="changes per run (bad input: bad values through the live seat; storm: its entries; "
-                        "warrants: forged and replayed answers); default: each scenario's own")
-    p.add_argument("--seconds", type=float, default=60.0, help="the bound of each run's stream of changes and faults")
-    p.add_argument("--runs", type=int, default=3, help="runs of each scenario (median and worst are over them)")
+                        "warrants: forged and replayed answers); default: the scale's, else each scenario's own")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="the bound of each run's stream of changes and faults (small: 60)")
+    p.add_argument("--runs", type=int, default=None,
+                   help="runs of each scenario (median and worst are over them; small: 3, goal: 1)")
     p.add_argument("--faults", type=int, default=None,
                    help="faults per run where a scenario counts them (restarts, pauses, kills of the process)")
-    p.add_argument("--rate", type=float, default=40.0, help="actor kills per second (kills)")
-    p.add_argument("--inputs", type=int, default=100_000,
-                   help="bad values through the pure rules (bad-input), shared among its runs")
+    p.add_argument("--rate", type=float, default=None, help="actor kills per second (kills; small: 40)")
+    p.add_argument("--inputs", type=int, default=None,
+                   help="bad values through the pure rules (bad-input), shared among its runs (small: 100,000)")
+    p.add_argument("--nodes", type=int, default=None, help="nodes of the mesh (small: 3, goal: 200)")
+    p.add_argument("--pace", type=float, default=None,
+                   help="changes a second of each stream, 0 for as fast as written (small: 0, goal: 100)")
     p.add_argument("--soak", type=float, default=None, metavar="MINUTES",
                    help="run the soak for this many minutes (faults.soak)")
     p.add_argument("--soak-rate", type=float, default=soak.RATE,
@@ -95,19 +109,46 @@ def run_scenario(name: str, params: Params) -> Run:
     return out
 
 
+def pick(*values: Any) -> Any:
+    """The first value given (not None)."""
+    return next((v for v in values if v is not None), None)
+
+
+def params_of(name: str, scale: Scale, args: argparse.Namespace, runs: int, seed: int, work: Path) -> Params:
+    """One run's parameters: each flag given, else the scale's value for the scenario, else the scale's own."""
+    s = scale.setting(name)
+    pace = pick(args.pace, scale.pace)
+    return Params(seed=seed, work=work, changes=pick(args.count, s.changes), seconds=pick(args.seconds, scale.seconds),
+                  faults=pick(args.faults, s.faults), rate=pick(args.rate, s.rate, scale.rate),
+                  inputs=-(-pick(args.inputs, s.inputs, scale.inputs) // runs), nodes=pick(args.nodes, scale.nodes),
+                  pace=pace or None)
+
+
+def short(name: str, params: Params, out: Run) -> list[str]:
+    """A run that made fewer faults than its parameters ask for (kills: at least; bad input and warrants count
+    theirs with --count), said as a finding."""
+    asked = params.changes if name in ("bad-input", "warrants") else params.faults
+    if asked is None or out.faults >= asked:
+        return []
+    return [f"the run made {out.faults} of the {asked} faults asked for (its stream ran out of time, "
+            f"{params.seconds:g} s)"]
+
+
 def run_all(names: list[str], args: argparse.Namespace) -> dict[str, Any]:
     """Every run of every scenario named; answers the figures as the JSON keeps them."""
+    scale = SCALES[args.scale]
+    runs_of = pick(args.runs, scale.runs)
     results: dict[str, Any] = {}
     for name in names:
         module = SCENARIOS[name]
         runs = []
-        for i in range(args.runs):
+        for i in range(runs_of):
             seed = args.seed + i
             with tempfile.TemporaryDirectory(prefix=f"faults-{name}-") as work:
-                params = Params(seed=seed, work=Path(work), changes=args.count, seconds=args.seconds,
-                                faults=args.faults, rate=args.rate, inputs=-(-args.inputs // args.runs))
-                log.info("%s: run %d of %d, seed %d", name, i + 1, args.runs, seed)
+                params = params_of(name, scale, args, runs_of, seed, Path(work))
+                log.info("%s: run %d of %d, seed %d, %d nodes", name, i + 1, runs_of, seed, params.nodes)
                 out = run_scenario(name, params)
+                out.lost += short(name, params, out)
             settle = "-" if out.settle_seconds is None else f"{out.settle_seconds:.2f} s"
             log.info("%s seed %d: %d faults, %d changes, settled %s after the last, %d lost, %d errors, in %.1f s%s",
                      name, seed, out.faults, out.changes, settle, len(out.lost), len(out.errors), out.seconds,
@@ -186,15 +227,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if names:
         started = datetime.now(UTC)
         results = run_all(names, args)
+        scale = SCALES[args.scale]
+        pace = pick(args.pace, scale.pace) or None
         kept = {"soak": data["soak"]} if "soak" in data else {}
         data = {
             "command": command,
+            "scale": scale.name,
+            "nodes": pick(args.nodes, scale.nodes),
+            "pace": pace,
+            "pace_source": SATURATION_SOURCE if pace is not None and args.pace is None else None,
             "seed": args.seed,
-            "runs": args.runs,
-            "seconds": args.seconds,
+            "runs": pick(args.runs, scale.runs),
+            "seconds": pick(args.seconds, scale.seconds),
             "count": args.count,
-            "inputs": args.inputs,
-            "rate": args.rate,
+            "inputs": pick(args.inputs, scale.inputs),
+            "rate": pick(args.rate, scale.rate),
+            "settings": {name: asdict(scale.setting(name)) for name in names},
             "started": stamp(started),
             "took_seconds": round((datetime.now(UTC) - started).total_seconds(), 1),
             "machine": machine(),

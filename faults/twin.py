@@ -1,7 +1,8 @@
 """One run of a scenario: its parameters, what it found, and the two buses it compares (disturbed and undisturbed).
 
 Two buses get the same sample mesh and, change by change, the same changes (written to both by another module's
-connection). A seat serves each: the disturbed one suffers the scenario's faults, the reference is left alone. Every
+connection). A seat serves each: the disturbed one suffers the scenario's faults, the reference is left alone, in a
+process of its own, and the stream is written by a process of its own too (`faults.apart`). Every
 write to the disturbed seat's states is recorded as the run goes (`meshcheck.history.History`), and each seat
 process logs the compare-and-sets it sends (`faults.spies.CasSpy`: in-process, or `python -m faults.logged` for a
 seat process). The run ends with `finish`: both settled, then every check of `meshcheck.check` and the write
@@ -17,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from faults.mesh import Change, prepare, write
+from faults.apart import SeatProcess, Writer
+from faults.mesh import Change, prepare
 from faults.servers import server
 from faults.spies import CasSpy, spied_runtimes
 from mesh_provisioner.bus.embedded import EmbeddedServer
@@ -49,10 +51,47 @@ class Params:
     """Actor kills per second, for the kills scenario."""
     inputs: int = 100_000
     """Bad values through the pure rules, for the bad-input scenario."""
+    nodes: int = 3
+    """The mesh's nodes (faults/mesh.py): the sample's three, or more grown ones."""
+    pace: float | None = None
+    """Changes a second of the stream (both buses' writes of one change count once); None: as fast as written."""
 
     def count(self, default: int) -> int:
         """The changes of this run: the one asked for, else the scenario's default."""
         return self.changes if self.changes is not None else default
+
+
+class Pacer:
+    """Spaces calls `1 / rate` seconds apart on average from the first: a call made late is made up for by the next
+    ones coming at once, but never more than BURST seconds of them (after a pause of the stream, it goes on at the
+    rate). Counts the calls and their span."""
+
+    BURST = 0.5
+
+    def __init__(self, rate: float | None) -> None:
+        self.rate = rate
+        self.calls = 0
+        self.first = self.last = 0.0
+        self._next = 0.0
+
+    def wait(self) -> None:
+        """Return at the next slot."""
+        now = time.monotonic()
+        if self.rate:
+            self._next = max(self._next, now - self.BURST) if self.calls else now
+            if self._next > now:
+                time.sleep(self._next - now)
+                now = time.monotonic()
+            self._next += 1.0 / self.rate
+        self.first = self.first or now
+        self.last = now
+        self.calls += 1
+
+    def figures(self) -> dict[str, Any]:
+        """The rate asked for and the one made, changes a second over the span of the calls."""
+        span = self.last - self.first
+        made = round((self.calls - 1) / span, 1) if self.calls > 1 and span > 0 else None
+        return {"asked": self.rate, "made": made, "changes": self.calls}
 
 
 @dataclass
@@ -122,9 +161,13 @@ class Twin:
         max_payload: int = 0,
         leased: bool = False,
         shards: int = 1,
+        nodes: int = 3,
+        pace: float | None = None,
         **config: Any,
     ) -> None:
         self.config = config
+        self.nodes = nodes
+        self.pacer = Pacer(pace)
         self.replicas = replicas
         self.leased = leased
         self.late_writes_ok = False
@@ -139,11 +182,12 @@ class Twin:
             disturbed_url = self.server.url
         self.disturbed = Bus(disturbed_url)
         self.reference = Bus(self.reference_server.url)
-        prepare(self.disturbed, replicas=replicas)
-        prepare(self.reference)
+        prepare(self.disturbed, replicas=replicas, nodes=nodes)
+        prepare(self.reference, nodes=nodes)
         self.history = history.History(self.disturbed, replicas=replicas,
                                        lease_seconds=float(config.get("lease_seconds", LEASE_SECONDS)))
-        self.reference_seat = Runtime.start(seat_config(self.reference.url, **config))
+        self.reference_seat = SeatProcess(seat_config(self.reference.url, **config))
+        self.writer = Writer(self.disturbed.url, self.reference.url, timeout=self.disturbed.timeout)
         self.sup: Runtime | None = None
         if not self.reference_seat.wait_settled(SETTLE_SECONDS):
             raise RuntimeError("the undisturbed seat did not settle on the sample mesh")
@@ -189,10 +233,9 @@ class Twin:
         return problems
 
     def write(self, change: Change, run: Run | None = None, *, reference: bool = True) -> None:
-        """Make one change on both buses (or on the disturbed one alone)."""
-        write(self.disturbed, change)
-        if reference:
-            write(self.reference, change)
+        """Make one change on both buses (or on the disturbed one alone), at the run's pace."""
+        self.pacer.wait()
+        self.writer.write(change, reference=reference)
         if run is not None:
             run.changed()
 
@@ -201,6 +244,7 @@ class Twin:
         for stop in (
             self.sup.stop if self.sup is not None else None,
             self.reference_seat.stop,
+            self.writer.stop,
             self.history.close if self.history is not None else None,
             self.disturbed.close,
             self.reference.close,
@@ -263,8 +307,12 @@ def finish(
     asks, twice = check.asked_once(twin.disturbed)
     run.lost += twice
     run.figures["asks"] = asks
+    run.figures["nodes"] = twin.nodes
+    if twin.pacer.calls:
+        run.figures["changes_per_second"] = twin.pacer.figures()
     if more is not None:
         run.lost += more()
+    run.errors += [f"the undisturbed seat: {p}" for p in twin.reference_seat.problems()]
     if errors is not None:
         run.errors += errors.problems()
         run.figures["deliberate kills logged"] = errors.kills

@@ -101,7 +101,7 @@ def run(p: Params) -> Run:
     four by default); every check."""
     out = Run(NAME, p.seed)
     rng = random.Random(p.seed)
-    changes = random_changes(rng, p.count(CHANGES))
+    changes = random_changes(rng, p.count(CHANGES), p.nodes)
     kills = p.faults if p.faults is not None else KILLS
     # Each kill at (2k+1)/(2n+1) of the stream, its revival at (2k+2)/(2n+1).
     marks = [(j + 1) * len(changes) // (2 * kills + 1) for j in range(2 * kills)]
@@ -110,7 +110,7 @@ def run(p: Params) -> Run:
     downs: list[dict[str, object]] = []
     try:
         with check.watching_errors() as errors, spied_compositions() as composing, Twin(
-            p.work, disturbed_url=cluster.url, replicas=REPLICAS, leased=True
+            p.work, nodes=p.nodes, pace=p.pace, disturbed_url=cluster.url, replicas=REPLICAS, leased=True
         ) as twin:
             seat = Seat(twin.disturbed_config(), on_hold=holds.append)
             cas = CasSpy(held=lambda: seat.lease.held)
@@ -142,7 +142,7 @@ def run(p: Params) -> Run:
                     downs.append(while_down(out, twin, seat, down))
                     cluster.revive(down.server)
                     out.fault()
-                for change in final_changes(changes):
+                for change in final_changes(changes, p.nodes):
                     twin.write(change, out)
 
                 def replicated() -> list[str]:

@@ -46,10 +46,10 @@ def run(p: Params) -> Run:
     final mesh; every check."""
     out = Run(NAME, p.seed)
     rng = random.Random(p.seed)
-    changes = random_changes(rng, p.count(CHANGES))
+    changes = random_changes(rng, p.count(CHANGES), p.nodes)
     cas = CasSpy()
     with check.watching_errors() as errors, spied_compositions() as composing, Twin(
-        p.work, restart_intensity=100_000, backoff_first=0.005, backoff_max=0.05
+        p.work, nodes=p.nodes, pace=p.pace, restart_intensity=100_000, backoff_first=0.005, backoff_max=0.05
     ) as twin:
         with spied_runtimes(cas):
             sup = twin.start_disturbed()
@@ -73,7 +73,7 @@ def run(p: Params) -> Run:
                 left = max(p.seconds - (time.monotonic() - started), 0.1)
                 with contextlib.suppress(TimeoutError):
                     until(lambda: out.faults >= (p.faults or 0), left, 0.01, "the kills asked for")
-            for change in final_changes(changes):
+            for change in final_changes(changes, p.nodes):
                 twin.write(change, out)
         finally:
             stop.set()

@@ -33,12 +33,14 @@ LEASE = 2.0
 def run(p: Params) -> Run:
     """One run: the stream with the server paused `p.faults` (2) times, then the final mesh; every check."""
     out = Run(NAME, p.seed)
-    changes = random_changes(random.Random(p.seed), p.count(CHANGES))
+    changes = random_changes(random.Random(p.seed), p.count(CHANGES), p.nodes)
     pauses = p.faults if p.faults is not None else PAUSES
     at = {(i + 1) * len(changes) // (pauses + 1) for i in range(pauses)}
     holds: list[tuple[float, Runtime | None]] = []
     resumed: list[float] = []
-    with check.watching_errors() as errors, Twin(p.work, leased=True, lease_seconds=LEASE) as twin:
+    with check.watching_errors() as errors, Twin(
+        p.work, nodes=p.nodes, pace=p.pace, leased=True, lease_seconds=LEASE
+    ) as twin:
         assert twin.server is not None
         server = twin.server
         config = twin.disturbed_config(lease_seconds=LEASE)
@@ -101,7 +103,7 @@ def run(p: Params) -> Run:
                 twin.write(change, out)
             if pauser is not None:
                 pauser.join(30)
-            for change in final_changes(changes):
+            for change in final_changes(changes, p.nodes):
                 twin.write(change, out)
 
             def settled(timeout: float) -> bool:

@@ -26,11 +26,13 @@ RESTARTS = 3
 def run(p: Params) -> Run:
     """One run: the stream with the server restarted `p.faults` (3) times, then the final mesh; every check."""
     out = Run(NAME, p.seed)
-    changes = random_changes(random.Random(p.seed), p.count(CHANGES))
+    changes = random_changes(random.Random(p.seed), p.count(CHANGES), p.nodes)
     restarts = p.faults if p.faults is not None else RESTARTS
     at = {(i + 1) * len(changes) // (restarts + 1) for i in range(restarts)}
     cas = CasSpy()
-    with check.watching_errors() as errors, spied_compositions() as composing, Twin(p.work) as twin:
+    with check.watching_errors() as errors, spied_compositions() as composing, Twin(
+        p.work, nodes=p.nodes, pace=p.pace
+    ) as twin:
         with spied_runtimes(cas):
             sup = twin.start_disturbed()
         assert twin.server is not None
@@ -48,7 +50,7 @@ def run(p: Params) -> Run:
                 twin.server.start()
                 out.fault()
             twin.write(change, out)
-        for change in final_changes(changes):
+        for change in final_changes(changes, p.nodes):
             twin.write(change, out)
 
         def resynced() -> list[str]:

@@ -20,7 +20,7 @@ import random
 import threading
 import time
 
-from faults.mesh import NODES, final_changes, random_changes
+from faults.mesh import final_changes, node_names, random_changes
 from faults.scenarios.sigkill import LeaseWatch, Processes
 from faults.twin import SETTLE_SECONDS, Params, Run, Twin, finish
 from mesh_provisioner.contract import SEAT
@@ -70,12 +70,13 @@ class ShardWatch(LeaseWatch):
 def run(p: Params) -> Run:
     """One run: the stream with `p.faults` (2) shard processes killed, each followed by one joining; every check."""
     out = Run(NAME, p.seed)
-    changes = random_changes(random.Random(p.seed), p.count(CHANGES))
+    changes = random_changes(random.Random(p.seed), p.count(CHANGES), p.nodes)
     kills = p.faults if p.faults is not None else KILLS
     at = {(i + 1) * len(changes) // (kills + 1) for i in range(kills)}
     takeovers: list[float] = []
     settles: list[float] = []
-    with Twin(p.work, leased=True, shards=SHARDS, lease_seconds=LEASE) as twin:
+    nodes = node_names(p.nodes)
+    with Twin(p.work, nodes=p.nodes, pace=p.pace, leased=True, shards=SHARDS, lease_seconds=LEASE) as twin:
         url = twin.disturbed.url
         procs = Processes(url, p.work, lease=LEASE, more=("--shards", str(SHARDS)))
         twin.write_logs = procs.writes
@@ -116,7 +117,7 @@ def run(p: Params) -> Run:
                 if time.monotonic() - started > p.seconds:
                     break
                 if i in at:
-                    node = NODES[out.faults % len(NODES)]
+                    node = nodes[out.faults % len(nodes)]
                     held = watch.held()
                     victim = next(q for q in procs.all if q.pid == held.get(shard_of(node, SHARDS))
                                   and q.poll() is None)
@@ -143,7 +144,7 @@ def run(p: Params) -> Run:
                         out.lost.append(f"the processes did not settle within {SETTLE_SECONDS:g} s of fault "
                                         f"{out.faults}")
                 twin.write(change, out)
-            for change in final_changes(changes):
+            for change in final_changes(changes, p.nodes):
                 twin.write(change, out)
 
             def bounded() -> list[str]:

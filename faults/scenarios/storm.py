@@ -14,7 +14,7 @@ import random
 import time
 from typing import Any
 
-from faults.mesh import NODES, REFERENCED
+from faults.mesh import REFERENCED, node_names
 from faults.spies import CasSpy, spied_compositions, spied_runtimes
 from faults.twin import Params, Run, Twin, finish
 from mesh_provisioner.contract import bound, bucket
@@ -33,10 +33,10 @@ OUTCOMES: list[dict[str, Any] | None] = [
 ]
 
 
-def storm_keys() -> list[str]:
+def storm_keys(nodes: int = 3) -> list[str]:
     """Every key postgres may provide in the mesh, but the one naming a vault value, and ten of no provision."""
     keys = []
-    for node in NODES:
+    for node in node_names(nodes):
         keys += [f"{node}.webapp.postgres-database", f"{node}.mailer.postgres-database.mail",
                  f"{node}.gitea.postgres-database.main", f"{node}.reports.postgres-database"]
     keys = [k for k in keys if (STATE, k) not in REFERENCED]
@@ -69,10 +69,12 @@ def run(p: Params) -> Run:
     """One run: a storm of `p.changes` (5000) entries, then the undisturbed seat given the last of each; every check."""
     out = Run(NAME, p.seed)
     rng = random.Random(p.seed)
-    keys = storm_keys()
+    keys = storm_keys(p.nodes)
     changes = [(rng.choice(keys), rng.choice(OUTCOMES)) for _ in range(p.count(CHANGES))]
     cas = CasSpy()
-    with check.watching_errors() as errors, spied_compositions() as composing, Twin(p.work) as twin:
+    with check.watching_errors() as errors, spied_compositions() as composing, Twin(
+        p.work, nodes=p.nodes, pace=p.pace
+    ) as twin:
         with spied_runtimes(cas):
             sup = twin.start_disturbed()
         before = cas.writes

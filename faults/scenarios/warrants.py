@@ -92,12 +92,14 @@ def run(p: Params) -> Run:
     router, forger = Signer(), Signer()
     kinds = forgeries(router, forger)
     # The stream, with the router left out: only this scenario answers asks.
-    changes = [c for c in random_changes(rng, GOOD_CHANGES) if c[0] != "router"]
-    with check.watching_errors() as errors, Twin(p.work, router_key=router.public) as twin:
+    changes = [c for c in random_changes(rng, GOOD_CHANGES, p.nodes) if c[0] != "router"]
+    with check.watching_errors() as errors, Twin(
+        p.work, nodes=p.nodes, pace=p.pace, router_key=router.public
+    ) as twin:
         sup = twin.start_disturbed()
         for change in changes:
             twin.write(change, out)
-        for change in final_changes(changes):
+        for change in final_changes(changes, p.nodes):
             twin.write(change, out)
         bee = {"node": "bee", "modules": [{"module": "reports"}]}
         twin.write((PLACEMENT, "bee", bee), out)
