@@ -100,8 +100,8 @@ def cold(url: str, mesh: Mesh, processes: int, shards: int = SHARDS, *,
 
 
 def sustained(load: steady.Load, rate: float) -> str:
-    """Why a run did not sustain its rate ("" when it did): changes not made, writes that did not come within 5 s, or latency
-    that grew over the run (a backlog that grows)."""
+    """Why a run did not sustain its rate ("" when it did): changes not made, writes that did not come within 5 s,
+    or latency that grew over the run (a backlog that grows)."""
     asked = rate * load.seconds
     if load.changes < MADE_SHARE * asked:
         return f"made {load.changes} of {asked:.0f} changes"
