@@ -156,13 +156,23 @@ def _scenarios(data: dict[str, Any]) -> list[str]:
         lines += [f"### {name}", "", f"Faults: {s['faults']}.", ""]
         for run in s["runs"]:
             settle = "did not settle" if run["settle_seconds"] is None else f"settled in {run['settle_seconds']:.2f} s"
-            figures = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in run["figures"].items())
+            figures = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in run["figures"].items() if k != "while_down")
             lines.append(f"- seed {run['seed']}: {run['faults']} faults, {run['changes']} changes, {settle}, "
                          f"{run['seconds']:.0f} s in all. {run['summary']}." + (f" {figures}." if figures else ""))
+            lines += [_down(down) for down in run["figures"].get("while_down", [])]
             lines += [f"  - lost: {what}" for what in run["lost"][:30]]
             lines += [f"  - error escaped: {what}" for what in run.get("errors", [])[:10]]
         lines.append("")
     return lines
+
+
+def _down(down: dict[str, Any]) -> str:
+    """One server of a cluster down (the cluster scenario): how soon the changes made meanwhile were written."""
+    alone = "-" if down["alone_seconds"] is None else f"{down['alone_seconds']:.2f} s"
+    election = "-" if down["election_seconds"] is None else f"{down['election_seconds']:.2f} s"
+    return (f"  - {down['role']} (n{down['server']}) down: the changes made meanwhile written "
+            f"{down['settle_seconds']:.2f} s after the last of them; the undisturbed seat on one server took {alone}, "
+            f"the cluster's election of new leaders {election}")
 
 
 def _mib(value: float) -> str:

@@ -30,7 +30,8 @@ from meshcheck import check
 from meshcheck.bus import Bus, until
 
 NAME = "cluster"
-FAULTS = "a server of a three-server cluster killed (SIGKILL) and brought back: the seat's, a leader's, a follower"
+FAULTS = ("kills (SIGKILL) and revivals of a server of a three-server cluster, each role in turn: the seat's, "
+          "the lease's leader, a watched bucket's leader, a follower")
 CHANGES = 160
 ROLES = ("the seat's server", "the lease's leader", "a watched bucket's leader", "a follower")
 KILLS = len(ROLES)
