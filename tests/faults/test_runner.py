@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from running import ROOT, run_faults
 
 from faults.report import GOAL_COMMAND, LONG_COMMAND, render
 from faults.twin import Twin
@@ -19,16 +18,11 @@ from mesh_provisioner.contract import PLACEMENT
 from meshcheck import check
 from meshcheck.bus import Bus
 
-ROOT = Path(__file__).parents[2]
-
 
 def test_the_runner_writes_json_and_the_markdown_from_it(tmp_path: Path) -> None:
     figures, markdown = tmp_path / "figures.json", tmp_path / "RELIABILITY.md"
-    done = subprocess.run(
-        [sys.executable, "-m", "faults", "--scenario", "storm", "--seed", "7", "--runs", "2", "--count", "300",
-         "--json", str(figures), "--markdown", str(markdown)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
+    done = run_faults("--scenario", "storm", "--seed", "7", "--runs", "2", "--count", "300",
+                      "--json", str(figures), "--markdown", str(markdown))
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(figures.read_text())
     runs = data["scenarios"]["storm"]["runs"]
@@ -39,8 +33,7 @@ def test_the_runner_writes_json_and_the_markdown_from_it(tmp_path: Path) -> None
 
 
 def test_an_unknown_scenario_is_refused() -> None:
-    done = subprocess.run([sys.executable, "-m", "faults", "--scenario", "nope"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    done = run_faults("--scenario", "nope", timeout=60)
     assert done.returncode == 2 and "no scenario is named nope" in done.stderr
 
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 from helpers import wait_until
+from running import ROOT, run_faults
 
 from benchmarks import plots
 from faults import soak
 from faults.report import render
 from faults.soak import Sample, verdict
 
-ROOT = Path(__file__).parents[2]
 MIB = 2**20
 
 
@@ -97,11 +97,8 @@ def test_a_short_soak_samples_the_seat_and_keeps_the_scenarios_figures(tmp_path:
     before = json.loads((ROOT / "docs" / "reliability.json").read_text())
     before.pop("soak", None)
     figures.write_text(json.dumps(before))
-    done = subprocess.run(
-        [sys.executable, "-m", "faults", "--soak", "0.3", "--soak-nodes", "50", "--soak-interval", "1",
-         "--json", str(figures), "--markdown", str(markdown)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )
+    done = run_faults("--soak", "0.3", "--soak-nodes", "50", "--soak-interval", "1",
+                      "--json", str(figures), "--markdown", str(markdown), timeout=120)
     data = json.loads(figures.read_text())
     section = data["soak"]
     # A soak this short on 50 nodes says little; it runs every part, and its exit says its verdict.
@@ -126,11 +123,8 @@ def test_the_scenarios_run_again_keep_the_soaks_figures(tmp_path: Path) -> None:
     figures, markdown = tmp_path / "figures.json", tmp_path / "RELIABILITY.md"
     kept = json.loads((ROOT / "docs" / "reliability.json").read_text())["soak"]
     figures.write_text(json.dumps({"soak": kept}))
-    done = subprocess.run(
-        [sys.executable, "-m", "faults", "--scenario", "storm", "--seed", "7", "--runs", "1", "--count", "100",
-         "--json", str(figures), "--markdown", str(markdown)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
+    done = run_faults("--scenario", "storm", "--seed", "7", "--runs", "1", "--count", "100",
+                      "--json", str(figures), "--markdown", str(markdown))
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(figures.read_text())
     assert data["soak"] == kept and list(data["scenarios"]) == ["storm"]
