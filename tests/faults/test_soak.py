@@ -15,7 +15,6 @@ import pytest
 from helpers import wait_until
 from running import ROOT, run_faults
 
-from benchmarks import plots
 from faults import soak
 from faults.report import render
 from faults.soak import Sample, verdict
@@ -115,8 +114,6 @@ def test_a_short_soak_samples_the_seat_and_keeps_the_scenarios_figures(tmp_path:
     text = markdown.read_text()
     assert text == render(data)
     assert "| kills |" in text and "## Soak" in text and "python -m faults --soak 0.3 " in text
-    assert plots.main(["--reliability", str(figures), "--out", str(tmp_path)]) == 0
-    assert (tmp_path / "soak.png").stat().st_size > 0 and (tmp_path / "reliability.png").stat().st_size > 0
 
 
 def test_the_scenarios_run_again_keep_the_soaks_figures(tmp_path: Path) -> None:

@@ -119,3 +119,4 @@ def test_6_the_reliability_picture_is_drawn_from_its_figures(tmp_path: Path) -> 
 
     assert plots.main(["--reliability", str(ROOT / "docs" / "reliability.json"), "--out", str(tmp_path)]) == 0
     assert (tmp_path / "reliability.png").stat().st_size > 10_000
+    assert (tmp_path / "soak.png").stat().st_size > 10_000, "the soak's picture, from the soak's figures"
