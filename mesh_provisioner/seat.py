@@ -156,9 +156,7 @@ class Seat:
         if not self.connected:
             return self.waiting
         if not self.lease.held:
-            if isinstance(self.lease, ShardLeases):
-                return "this process holds no shard of the seat (every shard is held by others): it waits for one"
-            return "this process does not hold the seat's lease (a standby): it waits for the lease"
+            return self.lease.waiting_for()
         sup = self.supervisor
         if sup is None or not sup.cache.synced:
             return "the cache is not synchronised yet"
@@ -179,9 +177,7 @@ class Seat:
             if timeout is not None and waited >= timeout:
                 return False
             if not announced:
-                sharded = isinstance(self.lease, ShardLeases)
-                log.info("%s", "every shard of the seat is held: waiting for this process's share" if sharded
-                         else "another process holds the seat: waiting as a standby")
+                log.info("%s", self.lease.waiting_for())
                 announced = True
             stop.wait(every)
             waited += every

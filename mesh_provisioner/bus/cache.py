@@ -34,6 +34,7 @@ from mesh_provisioner.bus.connection import STREAM_ADVISORIES, open_bucket, stre
 from mesh_provisioner.bus.link import link
 from mesh_provisioner.bus.memory import Listener, Memory
 from mesh_provisioner.bus.watch import (
+    ATTEMPT,
     CHUNK,
     INACTIVE_THRESHOLD,
     Stretch,
@@ -91,7 +92,8 @@ class Cache:
         A watch that fails is made again after `backoff` (first, most) seconds, doubling. A missing bucket is
         looked for again on the same backoff up to `poll_missing` seconds, but JetStream's advisory of its
         creation wakes its watch at once. `load_timeout` bounds the wait for each value of a bucket's first load,
-        `request_timeout` each request to JetStream (a bucket opened, a key read again).
+        `request_timeout` each request to JetStream (a bucket opened, a key read again), of which each try waits
+        `ATTEMPT` s at most (bus/watch.py): one unanswered is made again.
         """
         self.memory = Memory(MemoryView(bound_reads), on_change)
         self.view = self.memory.view
@@ -99,7 +101,7 @@ class Cache:
         self.on_resync = on_resync
         self.resyncs = 0
         self._nc = nc
-        self._js = WatchingJetStream(nc, timeout=request_timeout)
+        self._js = WatchingJetStream(nc, timeout=min(request_timeout, ATTEMPT))
         self._link = link(nc)
         self._backoff = backoff
         self._poll_missing = poll_missing

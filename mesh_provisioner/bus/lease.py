@@ -86,6 +86,8 @@ class SeatLease:
         self._since: datetime | None = None  # when this process took the seat: renewals keep it
         self._kv: KeyValue | None = None
         self._said: set[str] = set()  # the processes of another shard count already said
+        # What a process of another shard count holds of this mesh, in words ("" when nothing): this one waits for it.
+        self.blocker = ""
 
     def record(self) -> r.Lease:
         """The lease record this process writes: `since` is when it took the seat, not when it last renewed."""
@@ -133,6 +135,8 @@ class SeatLease:
                    if key.startswith(SHARD_KEY_PREFIX)]
         for lease, key in sharded:
             self._other(lease, f"holds {key} (--shards {lease.shards or 1})")
+        self.blocker = described(sharded[0][0], "holds shards of the seat (--shards "
+                            f"{sharded[0][0].shards or 1})") if sharded else ""
         if sharded:
             return False  # a partitioned seat holds shards of this mesh: two ways of splitting it would both write
         self._since = None  # taken again: since now
@@ -154,13 +158,19 @@ class SeatLease:
         log.info("this process holds the seat (holder %s)", self.holder)
         return True
 
+    def waiting_for(self) -> str:
+        """Why this process does not hold the lease now, for the log and `/readyz`."""
+        if self.blocker:
+            return f"{self.blocker}: this process takes no lease until they are given back"
+        return "another process holds the seat's lease: this one waits for it as a standby"
+
     def _other(self, lease: r.Lease, what: str) -> None:
         """Say once that a process of this mesh runs with another shard count than this one (8.1: they must agree)."""
         if lease.holder in self._said:
             return
         self._said.add(lease.holder)
-        log.error("process %d on %s %s, this one with --shards %d: every process of a mesh must use the same count; "
-                  "it is not counted, and what it holds is not taken", lease.pid, lease.host or "?", what, self.shards)
+        log.error("%s, this one with --shards %d: every process of a mesh must use the same count; this one takes "
+                  "nothing it holds", described(lease, what), self.shards)
 
     async def current(self) -> r.Lease | None:
         """The lease on the bus now (whoever holds it), None when no one does or it cannot be read."""
@@ -233,6 +243,11 @@ class SeatLease:
         except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as err:
             log.info("the seat's lease is not given back (%s); it ages out", err or type(err).__name__)
         self.revision = 0
+
+
+def described(lease: r.Lease, what: str) -> str:
+    """A process, by its lease, and what it does, in words."""
+    return f"process {lease.pid} on {lease.host or '?'} {what}"
 
 
 async def read_leases(nc: Client, kv: KeyValue, seconds: float) -> dict[str, tuple[r.Lease, int]]:

@@ -20,7 +20,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
-from mesh_provisioner.bus.lease import SAFETY, SeatLease, read_leases, renew_key
+from mesh_provisioner.bus.lease import SAFETY, SeatLease, described, read_leases, renew_key
 from mesh_provisioner.contract import HOLDER_KEY, LEASE_SECONDS, MEMBER_KEY_PREFIX, SHARD_KEY_PREFIX
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Write
@@ -47,6 +47,12 @@ class ShardLeases(SeatLease):
         return msgspec.structs.replace(super().record(), shards=self.shards)
 
     # ---- what this process may do now ---------------------------------------------------------------------
+
+    def waiting_for(self) -> str:
+        """Why this process holds no shard now, for the log and `/readyz`."""
+        if self.blocker:
+            return f"{self.blocker}: this process takes no shard until it is given back"
+        return "this process holds no shard of the seat (every shard is held by others): it waits for its share"
 
     @property
     def renew_every(self) -> float:
@@ -239,12 +245,15 @@ class ShardLeases(SeatLease):
         revisions: dict[int, int] = {}
         members: set[str] = set()
         others: list[tuple[datetime, str]] = []
+        self.blocker = ""
         for key, (lease, revision) in (await read_leases(self.nc, kv, self.seconds)).items():
             shard = parse_shard_key(key, self.shards)
             if key == HOLDER_KEY or (key.startswith(SHARD_KEY_PREFIX) and lease.shards != self.shards):
                 # A lease of another shard count (the whole seat's `holder` is one): not counted live, and held.
-                self._other(lease, "holds the whole seat (--shards 1)" if key == HOLDER_KEY
-                            else f"runs with --shards {lease.shards or 1}")
+                what = ("holds the whole seat (--shards 1)" if key == HOLDER_KEY
+                        else f"holds {key} (--shards {lease.shards or 1})")
+                self._other(lease, what)
+                self.blocker = self.blocker if others else described(lease, what)
                 others.append((lease.since or datetime.min.replace(tzinfo=UTC), lease.holder))
                 if shard is not None:
                     holders[shard] = ""

@@ -43,6 +43,11 @@ class Stretch:
 # A consumer of a watch nobody listens to any more is reaped by the server after this long, should deleting
 # it have failed (the connection was down when the watch was dropped).
 INACTIVE_THRESHOLD: Final = 30.0
+# How long one request of the cache (a bucket opened, a watch's consumer made, a stream asked for its last revision)
+# waits for its answer before it is made again on the watch's backoff. On a cluster, a request about a stream whose
+# leader was lost is not answered until another is elected (5 to 10 s here): waiting the whole request timeout for the
+# first try kept a resync blind for seconds after the new leaders were in place.
+ATTEMPT: Final = 2.0
 # How often a watch's consumer says it is alive when it has nothing to deliver. A watch's consumer lives on one server
 # of a cluster, not always the one the seat is connected to; lost with its server, it is made again when two
 # heartbeats are missed (nats-py's check). At nats-py's default of 5 s a watch was blind for 10 to 15 s; at this one it

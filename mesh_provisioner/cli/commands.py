@@ -240,5 +240,8 @@ def load(config: Config, args: argparse.Namespace) -> int:
             loop.run(nc.close(), config.request_timeout)
     say(f"loaded {n} key(s) of {what} into {len(states)} state(s) on {url}"
         + (f"; created the router's stream {ROUTER_STREAM}" if made else ""))
-    say(f"next: {PROG} --nats {config.servers()[0]} reconcile (once) or serve (on events), then show provisions")
+    # The seat needs the same servers, and on a cluster the same replicas for the buckets it creates.
+    replicas = f" --replicas {config.replicas}" if config.replicas > 1 else ""
+    say(f"next: {PROG} --nats {','.join(config.servers())}{replicas} reconcile (once) or serve (on events), then show "
+        "provisions")
     return 0

@@ -78,6 +78,8 @@ def test_8_1_a_process_of_another_shard_count_is_said_and_not_counted_and_the_me
         assert not loop.run(b.take(), 10), "a process of another count takes nothing a process of this one holds"
         assert loop.run(a.renew(), 10)
     assert a.mine() == [0, 1, 2, 3], "the process of the other count is not counted: nothing is given to it"
+    assert "holds shard.0 (--shards 4): this process takes no shard" in b.waiting_for(), "why it waits, said"
+    assert "every shard is held by others" in ShardLeases(nc, SHARDS, LEASE, holder="c").waiting_for()
     said = [rec.getMessage() for rec in caplog.records]
     assert any("runs with --shards 4, this one with --shards 8" in m for m in said), said
     assert any("runs with --shards 8, this one with --shards 4" in m for m in said), said
@@ -96,5 +98,6 @@ def test_8_1_a_whole_seat_does_not_take_the_lease_while_a_partitioned_seat_holds
     said = [rec.getMessage() for rec in caplog.records]
     assert len(said) == 1, "said once"
     assert "holds shard.0 (--shards 4), this one with --shards 1" in said[0], said
+    assert "holds shards of the seat (--shards 4): this process takes no lease" in whole.waiting_for()
     loop.run(a.give_back(), 10)
     assert loop.run(whole.take(), 10), "the shards given back, the whole seat is taken"
