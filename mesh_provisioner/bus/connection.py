@@ -112,8 +112,15 @@ async def _connect(nc: SeatClient, servers: list[str], options: dict[str, Any]) 
 
     async def error(err: Exception) -> None:
         # Every error nats-py reports is one the operator may have to act on (a server out of reach, credentials
-        # refused, a permission missing): a warning that says what to do, once while it stays the same.
-        said.warn(explain(err, where))
+        # refused, a permission missing): a warning that says what to do, once while it stays the same. Connected,
+        # it names the server it is on; a request unanswered then is one of JetStream's (a watch's consumer made
+        # again), which a stream without a leader leaves unanswered while a cluster elects one.
+        here = nc.connected_url.netloc if nc.is_connected and nc.connected_url else ""
+        if here and isinstance(err, asyncio.TimeoutError | TimeoutError | nats.errors.TimeoutError):
+            said.warn(f"a JetStream request on {here} was not answered in time (a stream without a leader, while a "
+                      "cluster elects one, answers nothing); it is made again")
+        else:
+            said.warn(explain(err, here or where))
         if theirs_error is not None:
             await theirs_error(err)
 

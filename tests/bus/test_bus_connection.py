@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import nats.errors
 import pytest
 from helpers import NatsServer, raw_publish, wait_until
@@ -127,3 +129,19 @@ def test_ensure_buckets_asks_again_while_jetstream_does_not_answer(
             loop.run(ensure_buckets(js, [PLACEMENT]), 10)
     finally:
         nats_server.resume()
+
+
+def test_a_request_unanswered_while_connected_is_said_as_one_of_jetstreams_on_that_server(
+    loop: EventLoopThread, nats_server: NatsServer, nc: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    # nats-py reports a watch's consumer it could not make again (a stream without a leader during a cluster's
+    # election) through the error callback: "did not answer in time: is the host reachable" misled, the seat working.
+    async def report() -> None:
+        await nc._error_cb(nats.errors.TimeoutError())
+
+    with caplog.at_level(logging.WARNING, logger="mesh_provisioner.bus.connection"):
+        loop.run(report(), 10)
+    said = [r.getMessage() for r in caplog.records]
+    host = nats_server.url.removeprefix("nats://")
+    assert said == [f"a JetStream request on {host} was not answered in time (a stream without a leader, while a "
+                    "cluster elects one, answers nothing); it is made again"], said
