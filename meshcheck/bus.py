@@ -298,6 +298,21 @@ class Bus:
         leader: str = self.run(go)
         return leader
 
+    def makes_consumers(self, state: str) -> bool:
+        """Whether JetStream makes a consumer of a state's bucket now (it needs the cluster's meta leader, as a seat's
+        watches do): one is made and deleted at once."""
+
+        async def go() -> bool:
+            info = await self.js.add_consumer(f"KV_{bucket(state)}", api.ConsumerConfig(
+                ack_policy=api.AckPolicy.NONE, inactive_threshold=5.0, mem_storage=True, num_replicas=1))
+            await self.js.delete_consumer(f"KV_{bucket(state)}", info.name)
+            return True
+
+        try:
+            return bool(self.loop.run(go(), 5))
+        except (nats.errors.Error, TimeoutError, OSError):
+            return False
+
     # ---- the operator's channel, as the router keeps it -------------------------------------------------
 
     def create_asks_stream(self, *, replicas: int = 1) -> None:

@@ -19,10 +19,13 @@ import random
 import threading
 import time
 
+import nats.js.errors
+
 from faults.mesh import final_changes, random_changes
 from faults.servers import Cluster
 from faults.spies import CasSpy, spied_compositions
 from faults.twin import SETTLE_SECONDS, Params, Run, Twin, finish
+from mesh_provisioner.bus.cache import watched_states
 from mesh_provisioner.contract import PLACEMENT, PLANS, PROVISIONS, REFUSED, SEAT
 from mesh_provisioner.runtime import Runtime
 from mesh_provisioner.seat import Seat
@@ -38,8 +41,10 @@ KILLS = len(ROLES)
 REPLICAS = 3
 # The slack of measuring a settle by polling (`wait_settled` looks every few milliseconds, twice in a row).
 POLL_SLACK = 0.25
-# The streams the seat needs a leader of to go on: its lease's, its plans', a watched input's.
-ELECTED = (SEAT, PLANS, PROVISIONS, PLACEMENT)
+# The streams the seat needs a leader of to go on: every bucket it watches (each of them watched again after its own
+# server is lost), and its lease's. A watch's consumer is made by the cluster's meta leader: a consumer made says
+# that one is in place too.
+ELECTED = (*watched_states(), SEAT)
 
 
 def server_of(seat: Seat, cluster: Cluster) -> int:
@@ -48,7 +53,7 @@ def server_of(seat: Seat, cluster: Cluster) -> int:
     return next(i for i, s in enumerate(cluster.servers) if url is not None and s.port == url.port)
 
 
-def choose(role: str, seat: Seat, cluster: Cluster, bus: Bus) -> int:
+def choose(role: str, seat: Seat, cluster: Cluster, bus: Bus, streams: list[str]) -> int:
     """The server that has this role now."""
 
     def leader(state: str) -> int | None:
@@ -61,15 +66,24 @@ def choose(role: str, seat: Seat, cluster: Cluster, bus: Bus) -> int:
         return lease
     if role == ROLES[2] and watched is not None:
         return watched
-    leaders = {leader(s) for s in (*ELECTED, REFUSED)}
+    leaders = {leader(s) for s in streams}
     followers = [i for i in range(len(cluster.servers)) if i != mine and i not in leaders]
     return followers[0] if followers else next(i for i in range(len(cluster.servers)) if i not in (mine, lease))
+
+
+def exists(bus: Bus, state: str) -> bool:
+    """Whether a state's bucket exists on the bus."""
+    try:
+        bus.stream_replicas(state)
+    except nats.js.errors.NotFoundError:
+        return False
+    return True
 
 
 class Downtime:
     """One server down: when it was killed, and when the streams the seat needs had leaders again (a thread looks)."""
 
-    def __init__(self, role: str, server: int, bus: Bus, cluster: Cluster) -> None:
+    def __init__(self, role: str, server: int, bus: Bus, streams: list[str]) -> None:
         self.role, self.server = role, server
         self.killed_at = time.monotonic()
         self.elected_at: float | None = None
@@ -78,7 +92,8 @@ class Downtime:
         def look() -> None:
             def led() -> bool:
                 try:
-                    return all(bus.stream_leader(s) not in ("", name) for s in ELECTED)
+                    return (all(bus.stream_leader(s) not in ("", name) for s in streams)
+                            and bus.makes_consumers(PLACEMENT))
                 except Exception:
                     return False
 
@@ -123,6 +138,7 @@ def run(p: Params) -> Run:
             try:
                 until(lambda: (s := seat.supervisor) is not None and s.wait_settled(5), 120, 0.05, "the seat to hold")
                 down: Downtime | None = None
+                streams = [state for state in ELECTED if exists(twin.disturbed, state)]
                 started = time.monotonic()
                 for i, change in enumerate(changes):
                     if time.monotonic() - started > p.seconds:
@@ -130,9 +146,9 @@ def run(p: Params) -> Run:
                     if i in marks:
                         if down is None:
                             role = ROLES[len(downs) % len(ROLES)]
-                            server = choose(role, seat, cluster, twin.disturbed)
+                            server = choose(role, seat, cluster, twin.disturbed, streams)
                             cluster.kill(server)
-                            down = Downtime(role, server, twin.disturbed, cluster)
+                            down = Downtime(role, server, twin.disturbed, streams)
                         else:
                             downs.append(while_down(out, twin, seat, down))
                             cluster.revive(down.server)
@@ -199,6 +215,9 @@ def while_down(out: Run, twin: Twin, seat: Seat, down: Downtime) -> dict[str, ob
                                   "election_seconds": None if election is None else round(election, 3)}
     if not settled:
         out.lost.append(f"with {down.role} down, the seat did not settle within {SETTLE_SECONDS:g} s")
+    elif election is None:
+        out.lost.append(f"with {down.role} down, the cluster gave the seat's streams no leaders within "
+                        f"{SETTLE_SECONDS:g} s")
     elif alone and election is not None and took > (bound := 2 * alone[0] + election + POLL_SLACK):
         out.lost.append(f"with {down.role} down, the seat wrote the changes {took:.2f} s after the last, past "
                         f"{bound:.2f} s: twice the undisturbed seat's {alone[0]:.2f} s, plus the election's "
