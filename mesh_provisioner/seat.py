@@ -38,6 +38,8 @@ log = logging.getLogger("mesh_provisioner.seat")
 
 
 LEASE_CONNECTION: Final = "mesh-provisioner-lease"
+# How often a lease that lapsed for want of an answer is asked for again.
+AGAIN_WHEN_LAPSED: Final = 0.5
 # How often holding looks whether it must end: asked to stop, the lease lost, the supervisor given up.
 WATCH_EVERY: Final = 0.1
 
@@ -47,7 +49,8 @@ class LeaseKeeper:
     is lost (contract 8): the one place a held lease is renewed.
 
     A renewal may take until the lease would lapse (the bus loop may be busy with a large mesh's changes); one that
-    fails or takes longer counts the lease lost, and every write stops at once.
+    fails or takes longer stops every write at once. Holding ends when the lease is found another process's or gone;
+    one that met no answer is asked for again until it is renewed (the key still this process's) or found lost.
     """
 
     def __init__(self, seat: Seat) -> None:
@@ -70,14 +73,18 @@ class LeaseKeeper:
     def _renew(self) -> None:
         lease = self.seat.lease
         every = lease.renew_every
-        while not self._stop.wait(every):
+        # Lapsed for want of an answer (a cluster electing the lease stream's leader), the lease is asked for again
+        # often: the next renewal that finds the key still this process's writes again at once.
+        while not self._stop.wait(every if lease.held else min(every, AGAIN_WHEN_LAPSED)):
             try:
                 if self.seat.lease_loop.run(lease.renew(), max(lease.left(), every)):
                     continue
-                self.why = "the seat's lease could not be renewed"
+                if not lease.taken_over:
+                    continue  # no answer: writes wait (the guard says so), holding goes on
+                self.why = "the seat's lease could not be renewed: it is another process's now, or aged out"
             except TimeoutError:
-                lease.lapse()
-                self.why = "the seat's lease could not be renewed in time"
+                lease.lapse()  # the renewal's own wait ran out: no answer either
+                continue
             except Exception as err:  # the loop gone (closing): no renewal can be made, and no write either
                 lease.lapse()
                 self.why = f"the seat's lease could not be renewed: {err}"

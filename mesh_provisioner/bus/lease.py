@@ -85,6 +85,9 @@ class SeatLease:
         self._deadline = 0.0  # monotonic time until which this process may write
         self._since: datetime | None = None  # when this process took the seat: renewals keep it
         self._kv: KeyValue | None = None
+        # Set when a renewal found the lease another process's, or gone: holding is over (a renewal that met no
+        # answer leaves it unset, and the next one may find the key still this process's).
+        self.taken_over = False
         self._said: set[str] = set()  # the processes of another shard count already said
         # What a process of another shard count holds of this mesh, in words ("" when nothing): this one waits for it.
         self.blocker = ""
@@ -153,7 +156,7 @@ class SeatLease:
             # This process's own key, its lease lapsed here but not on the bus: taken back at once.
             self.revision = await renew_key(kv, HOLDER_KEY, r.encode(taken), entry.revision or 0, self.holder,
                                             asked + self.seconds * (1 - SAFETY))
-        self._since = taken.since
+        self._since, self.taken_over = taken.since, False
         self._deadline = asked + self.seconds * (1 - SAFETY)
         log.info("this process holds the seat (holder %s)", self.holder)
         return True
@@ -217,17 +220,29 @@ class SeatLease:
         return self._kv
 
     async def renew(self) -> bool:
-        """Renew the lease by compare-and-set, tried again while it holds; answers False, and stops holding at
-        once, when that fails."""
+        """Renew the lease by compare-and-set, tried again while it holds; answers False, and stops writing at
+        once, when that fails. Holding is over only when the key is found another process's or gone
+        (`taken_over`); a renewal that met no answer leaves the next one to find the key still this process's."""
         asked = time.monotonic()
         try:
             kv = await self._bucket()
             self.revision = await renew_key(kv, HOLDER_KEY, r.encode(self.record()), self.revision, self.holder,
                                             self._deadline)
-        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as err:
-            self._deadline = 0.0
-            log.warning("the seat's lease is not renewed (%s): this process stops writing", err or type(err).__name__)
+        except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError) as err:
+            self._deadline, self.taken_over = 0.0, True
+            log.warning("the seat's lease is no longer this process's (%s): this process stops writing",
+                        err or type(err).__name__)
             return False
+        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as err:
+            # No answer (a stream's leader lost, a server frozen): the key may still be this process's, and a later
+            # renewal that finds it so goes on holding. Meanwhile no write goes out.
+            if self.held:
+                log.warning("the seat's lease is not renewed in time (%s): this process's writes wait until it is",
+                            err or type(err).__name__)
+            self._deadline = 0.0
+            return False
+        if not self.held:
+            log.info("the seat's lease is renewed again: this process writes again")
         self._deadline = asked + self.seconds * (1 - SAFETY)
         return True
 

@@ -122,6 +122,7 @@ class ShardLeases(SeatLease):
 
         A shard whose renewal fails is lost alone: its writes stop at once, the others' go on.
         """
+        self.taken_over = False  # unknown until the bucket is read
         try:
             kv = await self._bucket()
         except _BUS_ERRORS as err:
@@ -180,6 +181,8 @@ class ShardLeases(SeatLease):
     async def _rebalance(self, kv: KeyValue) -> None:
         """Take free shards up to the fair share and give back those past it (rules/shards.py `rebalance`)."""
         holders, revisions, members, others = await self._read(kv)
+        # Holding nothing with no shard key of this process's left on the bus, holding is over (`taken_over`).
+        self.taken_over = not any(h == self.holder for h in holders.values())
         for shard, holder in holders.items():
             if holder and holder != self.holder and shard in self._revisions:
                 self._drop(shard)  # someone else holds it: ours lapsed and was taken

@@ -21,7 +21,7 @@ from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.natsfix import watch_consumer
 from mesh_provisioner.bus.shards import ShardLeases
 from mesh_provisioner.bus.store import Store
-from mesh_provisioner.contract import PLACEMENT, PLANS, SEAT_STATES, bucket
+from mesh_provisioner.contract import HOLDER_KEY, PLACEMENT, PLANS, SEAT, SEAT_STATES, bucket
 from mesh_provisioner.messages.writes import Put
 
 LEASE = 8.0
@@ -157,3 +157,29 @@ def test_8_1_shards_lapsed_here_with_their_keys_still_on_the_bus_are_taken_back(
     assert not leases.held
     assert loop.run(leases.renew(), 10)
     assert leases.mine() == [0, 1, 2, 3] and leases.taken() == {0, 1, 2, 3}
+
+
+def test_8_a_lease_lapsed_for_want_of_an_answer_is_not_over_and_the_next_renewal_holds_again(
+    loop: EventLoopThread, nats_server: NatsServer, nc: Client, other: Client
+) -> None:
+    # A cluster electing the lease stream's leader answers nothing for 5 to 10 s: the holder stops writing, but its
+    # key is still its own, and holding goes on once a renewal is answered. Another's key ends it.
+    loop.run(ensure_buckets(nc.jetstream(), SEAT_STATES, lease=LEASE), 10)
+    lease = SeatLease(nc, LEASE)
+    assert loop.run(lease.take(), 10)
+    lease.lapse()  # as if the renewals met no answer until the lease's time here ran out
+    nats_server.pause()
+    try:
+        assert not loop.run(lease.renew(), 10)
+    finally:
+        nats_server.resume()
+    assert not lease.held and not lease.taken_over, "no answer: writes wait, holding is not over"
+    assert loop.run(lease.renew(), 10) and lease.held, "answered, the key still its own: it holds again"
+
+    async def take_over() -> None:
+        kv = await other.jetstream().key_value(bucket(SEAT))
+        await kv.put(HOLDER_KEY, b'{"holder": "another", "host": "elsewhere", "pid": 1}')
+
+    loop.run(take_over(), 10)
+    assert not loop.run(lease.renew(), 10)
+    assert lease.taken_over, "another process's key: holding is over"
