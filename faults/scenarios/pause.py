@@ -3,10 +3,10 @@
 The disturbed seat is a `mesh_provisioner.seat.Seat` serving as `serve` does, holding a short lease (2 s). While the
 stream of changes goes on, its server is frozen for one and a half lease times: the holder cannot renew, so it must
 stop writing at once (its connection is spied on: no write of its states may go out past the lease the bus last
-granted it) and, as a rule, go back to waiting; once the server runs again the lease has aged out, the seat takes it
-again, starts its actors anew and resynchronises from the bus. Changes written during the pause reach the server
-when it runs again. How many times the seat held the lease is a figure, not a check: a renewal that reaches the
-server before it has aged the key out finds the lease still its own.
+granted it). Once the server runs again, either a renewal reaches it before it has aged the key out, finds the lease
+still its own and the seat writes again with its actors as they were, or the key aged out and the seat takes the
+lease anew, starts its actors anew and resynchronises from the bus. Changes written during the pause reach the
+server when it runs again. How many times the seat held the lease is a figure, not a check.
 """
 
 from __future__ import annotations
@@ -96,7 +96,8 @@ def run(p: Params) -> Run:
                 if i in at:
                     if pauser is not None:
                         pauser.join(30)
-                        until(lambda: held() > out.faults and seat.lease.held, 60, 0.02,
+                        # Held again: by taking the lease anew, or by a renewal that found the key still its own.
+                        until(lambda: seat.lease.held and seat.supervisor is not None, 60, 0.02,
                               "the seat to hold the lease again")
                     pauser = threading.Thread(target=pause, name="faults-pause", daemon=True)
                     pauser.start()
