@@ -200,8 +200,7 @@ class Seat:
         keeper = LeaseKeeper(self)
         keeper.start()
         shards = self.lease if isinstance(self.lease, ShardLeases) else None
-        if shards is not None:
-            shards.taken()  # every shard held now is composed from the start
+        self.lease.taken()  # every shard held now is composed from the start
         try:
             sup = Runtime.start(
                 self.config, nc=self.nc, loop=self.loop.loop, guard=self.lease.guard,
@@ -227,9 +226,9 @@ class Seat:
                 if keeper.lost.is_set():
                     why = keeper.why
                     break
-                taken = shards.taken() if shards is not None else set()
-                if taken and shards is not None:
-                    sup.took(in_shards(taken, shards.shards))
+                taken = self.lease.taken()
+                if taken:
+                    sup.took(in_shards(taken, self.lease.shards))
                 self.freezer.tick(sup.quiet)
         finally:
             if verb is not None:

@@ -91,6 +91,7 @@ class SeatLease:
         self._said: set[str] = set()  # the processes of another shard count already said
         # What a process of another shard count holds of this mesh, in words ("" when nothing): this one waits for it.
         self.blocker = ""
+        self._taken: set[int] = set()  # shards (the one shard 0 of the whole seat) taken again since last asked
 
     def record(self) -> r.Lease:
         """The lease record this process writes: `since` is when it took the seat, not when it last renewed."""
@@ -160,6 +161,12 @@ class SeatLease:
         self._deadline = asked + self.seconds * (1 - SAFETY)
         log.info("this process holds the seat (holder %s)", self.holder)
         return True
+
+    def taken(self) -> set[int]:
+        """The shards taken (again) since this was last asked: their nodes are to be composed from the bus, as writes
+        of them may have been refused meanwhile (8.1; the whole seat is shard 0 of 1)."""
+        taken, self._taken = self._taken, set()
+        return taken
 
     def waiting_for(self) -> str:
         """Why this process does not hold the lease now, for the log and `/readyz`."""
@@ -242,7 +249,8 @@ class SeatLease:
             self._deadline = 0.0
             return False
         if not self.held:
-            log.info("the seat's lease is renewed again: this process writes again")
+            log.info("the seat's lease is renewed again: this process writes again, and composes every node anew")
+            self._taken.add(0)
         self._deadline = asked + self.seconds * (1 - SAFETY)
         return True
 

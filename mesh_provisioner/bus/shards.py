@@ -37,7 +37,6 @@ class ShardLeases(SeatLease):
     def __init__(self, nc: Client, shards: int, seconds: float = LEASE_SECONDS, *, holder: str = "") -> None:
         super().__init__(nc, seconds, holder=holder)
         self.shards = shards
-        self._taken: set[int] = set()  # shards taken since `taken` was last asked
         self._revisions: dict[int, int] = {}  # each shard held: the revision this process wrote
         self._deadlines: dict[int, float] = {}  # each shard held: monotonic time until which this process writes it
         self._renewed: dict[int, float] = {}  # each shard held: when its lease was last written
@@ -84,11 +83,6 @@ class ShardLeases(SeatLease):
     def lapse(self) -> None:
         """Count every shard as lapsed now."""
         self._deadlines = dict.fromkeys(self._deadlines, 0.0)
-
-    def taken(self) -> set[int]:
-        """The shards taken since this was last asked: their nodes are to be composed from the bus (8.1)."""
-        taken, self._taken = self._taken, set()
-        return taken
 
     def owns(self, node: str) -> bool:
         """Whether this process composes a node: its shard is held (contract 8.1), renewed or about to be. A shard
@@ -151,10 +145,14 @@ class ShardLeases(SeatLease):
         return self.held
 
     async def _renew(self, kv: KeyValue, shard: int) -> None:
-        """Renew one shard's lease by compare-and-set, tried again while it holds (`renew_key`)."""
+        """Renew one shard's lease by compare-and-set, tried again while it holds (`renew_key`). A shard renewed after
+        its lease lapsed here counts as taken again: writes of its nodes were refused meanwhile."""
         asked = time.monotonic()
+        lapsed = asked >= self._deadlines[shard]
         self._revisions[shard] = await renew_key(kv, shard_key(shard), r.encode(self.record()),
                                                  self._revisions[shard], self.holder, self._deadlines[shard])
+        if lapsed:
+            self._taken.add(shard)
         self._deadlines[shard] = asked + self.seconds * (1 - SAFETY)
         self._renewed[shard] = asked
 

@@ -174,7 +174,9 @@ def test_8_a_lease_lapsed_for_want_of_an_answer_is_not_over_and_the_next_renewal
     finally:
         nats_server.resume()
     assert not lease.held and not lease.taken_over, "no answer: writes wait, holding is not over"
+    lease.taken()
     assert loop.run(lease.renew(), 10) and lease.held, "answered, the key still its own: it holds again"
+    assert lease.taken() == {0}, "held again, every node is composed anew: writes were refused meanwhile"
 
     async def take_over() -> None:
         kv = await other.jetstream().key_value(bucket(SEAT))
