@@ -48,6 +48,9 @@ INACTIVE_THRESHOLD: Final = 30.0
 # leader was lost is not answered until another is elected (5 to 10 s here): waiting the whole request timeout for the
 # first try kept a resync blind for seconds after the new leaders were in place.
 ATTEMPT: Final = 2.0
+# The longest pause between two tries of a watch that cannot be made (a bucket not opened, a consumer not made): a
+# watch is made again within a try and a second of its stream's leader being elected.
+RETRY_MAX: Final = 1.0
 # How often a watch's consumer says it is alive when it has nothing to deliver. A watch's consumer lives on one server
 # of a cluster, not always the one the seat is connected to; lost with its server, it is made again when two
 # heartbeats are missed (nats-py's check). At nats-py's default of 5 s a watch was blind for 10 to 15 s; at this one it
