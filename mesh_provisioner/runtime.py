@@ -42,6 +42,7 @@ from mesh_provisioner.bus.link import link
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.registry import RegistryWriter
 from mesh_provisioner.bus.store import Applied, Store
+from mesh_provisioner.bus.unanswered import Unanswered
 from mesh_provisioner.config import Config
 from mesh_provisioner.contract import NEEDS, REGISTRY, bound
 from mesh_provisioner.messages import records as r
@@ -124,6 +125,7 @@ class Runtime:
         loop: Any = None,
         clock: Callable[[], datetime] | None = None,
         guard: Callable[[Write], str] | None = None,
+        unanswered: Unanswered | None = None,
         owns: Callable[[str], bool] | None = None,
         metrics: Metrics | None = None,
     ) -> Runtime:
@@ -131,8 +133,9 @@ class Runtime:
 
         `nc` comes with the `loop` that runs it, or is refused at once; `bus/attachment.py` says what each makes and
         what `stop` undoes. `guard` says why this process may not make a write now ("" when it may): the seat's lease
-        (contract 8), or its key's shard's (8.1). `owns` says which nodes this process composes, a partitioned seat's
-        (8.1); None: every node.
+        (contract 8), or its key's shard's (8.1); `unanswered` counts the writes sent under it and not yet answered,
+        which a lease given back waits for (bus/unanswered.py). `owns` says which nodes this process composes, a
+        partitioned seat's (8.1); None: every node.
         """
         attached = Attachment.open(config, nc=nc, loop=loop)
         thread, nc = attached.loop, attached.nc
@@ -144,7 +147,7 @@ class Runtime:
         seat.attachment = attached
         if clock is not None:
             seat._clock = clock
-        seat.store.guard = guard
+        seat.store.guard, seat.store.unanswered = guard, unanswered
         seat.scope(owns)
         try:
             thread.run(ensure_config_buckets(nc, config), config_buckets_wait(config))

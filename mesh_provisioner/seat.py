@@ -203,7 +203,7 @@ class Seat:
         self.lease.taken()  # every shard held now is composed from the start
         try:
             sup = Runtime.start(
-                self.config, nc=self.nc, loop=self.loop.loop, guard=self.lease.guard,
+                self.config, nc=self.nc, loop=self.loop.loop, guard=self.lease.guard, unanswered=self.lease.unanswered,
                 owns=shards.owns if shards is not None else None, metrics=self.metrics,
             )
         except BaseException:

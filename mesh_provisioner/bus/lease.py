@@ -28,6 +28,7 @@ from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
 from mesh_provisioner.bus.connection import open_bucket, stream_of
+from mesh_provisioner.bus.unanswered import Unanswered
 from mesh_provisioner.bus.watch import content, drop_watch, first_values
 from mesh_provisioner.contract import HOLDER_KEY, LEASE_SECONDS, SEAT, SHARD_KEY_PREFIX, bucket
 from mesh_provisioner.messages import records as r
@@ -92,6 +93,9 @@ class SeatLease:
         # What a process of another shard count holds of this mesh, in words ("" when nothing): this one waits for it.
         self.blocker = ""
         self._taken: set[int] = set()  # shards (the one shard 0 of the whole seat) taken again since last asked
+        # The writes sent under this lease and not yet answered: the store counts them (store.py), a lease given back
+        # waits for them before its key is deleted (unanswered.py).
+        self.unanswered = Unanswered(self.shard_of)
 
     def record(self) -> r.Lease:
         """The lease record this process writes: `since` is when it took the seat, not when it last renewed."""
@@ -129,6 +133,10 @@ class SeatLease:
     def owns(self, node: str) -> bool:
         """Whether this process composes a node: every node, one lease holding them all (contract 8)."""
         return True
+
+    def shard_of(self, write: Write) -> int | None:
+        """The shard whose lease a write is made under: the whole seat is shard 0 of 1."""
+        return 0
 
     async def take(self) -> bool:
         """Take the lease if no one holds it, or this process's own key is still on the bus; answers whether this
@@ -255,9 +263,14 @@ class SeatLease:
         return True
 
     async def give_back(self) -> None:
-        """Delete the lease this process holds, so a standby takes over at once (a clean exit)."""
-        held, self._deadline = self.revision, 0.0
+        """Delete the lease this process holds, so a standby takes over at once (a clean exit): once the writes sent
+        under it are answered, or else left to age out."""
+        held, ages_out, self._deadline = self.revision, self._deadline + self.seconds * SAFETY, 0.0
         if not held:
+            return
+        if not await self.unanswered.cleared(None, ages_out - time.monotonic()):
+            log.info("the seat's lease is not given back: writes sent under it are not answered; it ages out")
+            self.revision = 0
             return
         try:
             kv, _ = await open_bucket(self.nc.jetstream(), SEAT)

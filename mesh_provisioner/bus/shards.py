@@ -10,6 +10,7 @@ processes (rules/shards.py): NATS KV is the coordinator, there is none of our ow
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from datetime import UTC, datetime
@@ -40,6 +41,8 @@ class ShardLeases(SeatLease):
         self._revisions: dict[int, int] = {}  # each shard held: the revision this process wrote
         self._deadlines: dict[int, float] = {}  # each shard held: monotonic time until which this process writes it
         self._renewed: dict[int, float] = {}  # each shard held: when its lease was last written
+        # Shards given back whose keys wait for the writes in flight under them (`_hand_over`), by shard.
+        self._handing: dict[int, asyncio.Task[None]] = {}
 
     def record(self) -> r.Lease:
         """The lease record this process writes, with the shard count it runs with (8.1: the same for every process)."""
@@ -90,11 +93,15 @@ class ShardLeases(SeatLease):
         read is kept meanwhile, while its writes wait for the renewal (`guard`)."""
         return shard_of(node, self.shards) in self._revisions
 
+    def shard_of(self, write: Write) -> int | None:
+        """The shard whose lease a write is made under (contract 8.1); None for a state that is not the seat's."""
+        return shard_of_write(write.state, write.key, self.shards)
+
     def guard(self, write: Write | None = None) -> str:
         """Why this process may not make a write ("" when it may): its key's shard is not held (contract 8.1)."""
         if write is None:
             return "" if self.held else "this process holds no shard of the seat"
-        shard = shard_of_write(write.state, write.key, self.shards)
+        shard = self.shard_of(write)
         if shard is None:
             return f"{write.state} is not a state of the seat"
         if time.monotonic() < self._deadlines.get(shard, 0.0):
@@ -158,19 +165,42 @@ class ShardLeases(SeatLease):
 
     async def give_back(self) -> None:
         """Delete every shard lease and the member key of this process (a clean exit): others take them at once."""
-        held = dict(self._revisions)
-        for shard in list(held):
-            self._drop(shard)
+        held = sorted(self._revisions)
+        let_go = [(shard, *self._let_go(shard)) for shard in held]
         try:
             kv = await self._bucket()
-            for shard, revision in sorted(held.items()):
-                await _delete(kv, shard_key(shard), revision)
-            await kv.delete(member_key(self.holder))
         except _BUS_ERRORS as err:
             log.info("the seat's shards are not given back (%s); they age out", err or type(err).__name__)
             return
+        await asyncio.gather(*(self._hand_over(kv, *shard) for shard in let_go), *self._handing.values())
+        try:
+            await kv.delete(member_key(self.holder))
+        except _BUS_ERRORS as err:
+            log.info("this process's member key is not deleted (%s); it ages out", err or type(err).__name__)
         if held:
-            log.info("gave shards %s of the seat back", _listed(sorted(held)))
+            log.info("gave shards %s of the seat back", _listed(held))
+
+    def _handed(self, shard: int, _: asyncio.Task[None]) -> None:
+        self._handing.pop(shard, None)
+
+    def _let_go(self, shard: int) -> tuple[int, float]:
+        """Stop writing a shard's nodes at once, before another process can take it; answers its key's revision and
+        when the key would age out (monotonic time)."""
+        revision, renewed = self._revisions.get(shard, 0), self._renewed.get(shard, 0.0)
+        self._drop(shard)
+        return revision, renewed + self.seconds
+
+    async def _hand_over(self, kv: KeyValue, shard: int, revision: int, ages_out: float) -> None:
+        """Delete the key of a shard let go once the writes sent under it are answered (unanswered.py), so that none is
+        stored after another process took the shard; one still unanswered when the key would age out anyway, or a
+        bus that does not answer, leaves the key to age out."""
+        try:
+            if not await self.unanswered.cleared({shard}, ages_out - time.monotonic()):
+                log.info("shard %d is left to age out: writes sent under its lease are not answered", shard)
+                return
+            await _delete(kv, shard_key(shard), revision)
+        except _BUS_ERRORS as err:
+            log.info("shard %d is not given back (%s); it ages out", shard, err or type(err).__name__)
 
     async def _announce(self, kv: KeyValue) -> None:
         """Say this process is live (`member.<holder>`), renewed with its leases; it ages out with them."""
@@ -181,6 +211,8 @@ class ShardLeases(SeatLease):
         holders, revisions, members, others = await self._read(kv)
         # Holding nothing with no shard key of this process's left on the bus, holding is over (`taken_over`).
         self.taken_over = not any(h == self.holder for h in holders.values())
+        for shard in self._handing:
+            holders[shard] = ""  # being given back: neither this process's nor free, until its key is deleted
         for shard, holder in holders.items():
             if holder and holder != self.holder and shard in self._revisions:
                 self._drop(shard)  # someone else holds it: ours lapsed and was taken
@@ -212,9 +244,10 @@ class ShardLeases(SeatLease):
             taken.append(shard)
             self._taken.add(shard)
         for shard in give:
-            revision = self._revisions.get(shard, 0)
-            self._drop(shard)  # no write of its nodes from now on, before another can take it
-            await _delete(kv, shard_key(shard), revision)
+            # Its key is deleted meanwhile (`_hand_over`): renewals of the others go on while its writes are answered.
+            handing = asyncio.create_task(self._hand_over(kv, shard, *self._let_go(shard)), name=f"give back {shard}")
+            handing.add_done_callback(functools.partial(self._handed, shard))
+            self._handing[shard] = handing
         if taken:
             log.info("this process took shards %s of the seat, and holds %d of %d (holder %s)", _listed(taken),
                      len(self._revisions), self.shards, self.holder)

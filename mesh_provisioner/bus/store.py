@@ -29,6 +29,7 @@ from nats.js.kv import KV_DEL, KV_OP, KeyValue
 from mesh_provisioner.bus.acknowledgements import acks_of
 from mesh_provisioner.bus.cache import Cache
 from mesh_provisioner.bus.connection import open_bucket, subject_of
+from mesh_provisioner.bus.unanswered import Unanswered
 from mesh_provisioner.contract import bucket
 from mesh_provisioner.messages.writes import Delete, Put, Write
 from mesh_provisioner.rules.keys import is_token
@@ -90,6 +91,8 @@ class Store:
         self.conflicts = 0
         # Only the seat's holder writes its states (contract section 8): the guard says why not, "" when it may.
         self.guard: Callable[[Write], str] | None = None
+        # The lease's count of writes in flight, which it waits on before giving a shard back (unanswered.py).
+        self.unanswered: Unanswered | None = None
         self.errors = 0
         self.resent = 0  # writes sent again for want of an answer (acknowledgements.py)
         self._timeout = timeout
@@ -126,16 +129,20 @@ class Store:
                 break
             batch.append(write)
         guard = self.guard
-        barred = next((why for w in batch if (why := guard(w))), "") if guard is not None else ""
-        if barred:
-            # Making the messages may have waited on the bus (a bucket opened on a slow or frozen server), long
-            # enough for the lease to lapse: asked again as they go out, none goes out without it (contract 8).
-            stop, batch, messages = f"{_what(batch[0])} is not made: {barred}", [], []
-        # Each write's value, as the cache tells the seat's own echo from another writer's change by it.
-        values = [(w.state, w.key, w.value if isinstance(w, Put) else None) for w in batch]
-        if self._cache is not None:
-            self._cache.begin_writes(values)
+        # Counted in flight before the guard is asked the last time, until answered: a lease given back waits for
+        # the writes made under it to be stored before its key is deleted (unanswered.py, contract 8.1).
+        counted = self.unanswered.sent(batch) if self.unanswered is not None else []
+        values: list[tuple[str, str, bytes | None]] = []
         try:
+            barred = next((why for w in batch if (why := guard(w))), "") if guard is not None else ""
+            if barred:
+                # Making the messages may have waited on the bus (a bucket opened on a slow or frozen server), long
+                # enough for the lease to lapse: asked again as they go out, none goes out without it (contract 8).
+                stop, batch, messages = f"{_what(batch[0])} is not made: {barred}", [], []
+            # Each write's value, as the cache tells the seat's own echo from another writer's change by it.
+            values = [(w.state, w.key, w.value if isinstance(w, Put) else None) for w in batch]
+            if self._cache is not None:
+                self._cache.begin_writes(values)
             # A write is sent again only while its lease holds (contract 8), checked as it goes out again.
             answers, resent = (await self._acks.publish(messages, self._timeout,
                                                         resend=lambda i: not guard or not guard(batch[i]))
@@ -169,6 +176,8 @@ class Store:
         finally:
             if self._cache is not None:
                 self._cache.end_writes(values)
+            if self.unanswered is not None:
+                self.unanswered.answered(counted)
         if stop:
             self.errors += 1
             applied.error = applied.error or stop

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from helpers import wait_until
 from nats.aio.client import Client
 
 from mesh_provisioner.bus.connection import ensure_buckets
@@ -13,9 +14,9 @@ from mesh_provisioner.bus.lease import SeatLease
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.shards import ShardLeases
 from mesh_provisioner.bus.store import Store
-from mesh_provisioner.contract import NEEDS, PLANS, PROVISIONS, REGISTRY, SEAT_STATES
+from mesh_provisioner.contract import NEEDS, PLANS, PROVISIONS, REGISTRY, SEAT, SEAT_STATES, bucket
 from mesh_provisioner.messages.writes import Put
-from mesh_provisioner.rules.shards import shard_of
+from mesh_provisioner.rules.shards import shard_key, shard_of
 
 SHARDS = 4
 LEASE = 2.0
@@ -101,3 +102,33 @@ def test_8_1_a_whole_seat_does_not_take_the_lease_while_a_partitioned_seat_holds
     assert "holds shards of the seat (--shards 4): this process takes no lease" in whole.waiting_for()
     loop.run(a.give_back(), 10)
     assert loop.run(whole.take(), 10), "the shards given back, the whole seat is taken"
+
+
+def test_8_1_a_shard_given_back_keeps_its_key_until_the_writes_sent_under_it_are_answered(
+    loop: EventLoopThread, nc: Client
+) -> None:
+    # The writes go out on the seat's connection and the key's delete on the lease's, which the server does not
+    # order: deleted at once, a key let another process take the shard while a write under it was still to be stored.
+    loop.run(ensure_buckets(nc.jetstream(), SEAT_STATES, lease=LEASE), 10)
+    a, b = ShardLeases(nc, SHARDS, LEASE, holder="a"), ShardLeases(nc, SHARDS, LEASE, holder="b")
+    assert loop.run(a.take(), 10)
+    loop.run(b.take(), 10)
+    assert a.taken() == {0, 1, 2, 3}
+    in_flight = a.unanswered.sent([Put(PLANS, f"{node_in(2)}.gitea", b"{}", 0)])  # as the store counts a batch
+    assert in_flight == [2]
+    assert loop.run(a.renew(), 10)
+    assert a.mine() == [0, 1]
+    assert "does not hold shard 2" in a.guard(Put(PLANS, f"{node_in(2)}.gitea", b"{}", 0)), "its writes stop at once"
+    kv = loop.run(nc.jetstream().key_value(bucket(SEAT)), 10)
+
+    def on_bus(shard: int) -> bool:
+        return shard_key(shard) in loop.run(kv.keys(), 10)
+
+    wait_until(lambda: not on_bus(3), 10, what="shard 3 given back, none of its writes in flight")
+    assert on_bus(2), "shard 2's key stays while a write sent under it is unanswered"
+    assert loop.run(a.renew(), 10) and a.mine() == [0, 1]
+    assert a.taken() == set(), "a shard being given back is not taken back"
+    assert loop.run(b.take(), 10) and b.mine() == [3]
+    a.unanswered.answered(in_flight)
+    wait_until(lambda: not on_bus(2), 10, what="shard 2 given back once its write was answered")
+    assert loop.run(b.renew(), 10) and b.mine() == [2, 3]
