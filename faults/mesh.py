@@ -246,19 +246,29 @@ def stream(seed: int, n: int, nodes: int = len(NODES)) -> list[Change]:
     return changes + final_changes(changes, nodes)
 
 
-def decide_all(bus: Bus) -> None:
-    """The router decides each ask it holds and has not decided yet: yes for about half the keys, no for the rest."""
-    for msg_id, ask in bus.asks_published():
-        if bus.get(ASK_RECORDS, msg_id) is None:
-            key = ask.about.removeprefix("provision.")
-            bus.decide(key, msg_id, "yes" if zlib.crc32(key.encode()) % 2 else "no")
+class Router:
+    """The router of one bus, as the stream plays it: decides each ask it has not decided yet, yes for about half the
+    keys and no for the rest. It reads the asks published since it last looked, not the whole stream again: a run's
+    stream of asks grows with the run, and reading all of it at each decision slowed the stream below its pace."""
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self.read = 0  # the last sequence of the router's stream decided (or not an ask)
+
+    def decide(self) -> None:
+        """Decide each ask published since the last look."""
+        for seq, msg_id, ask in self.bus.asks_since(self.read):
+            if self.bus.get(ASK_RECORDS, msg_id) is None:
+                key = ask.about.removeprefix("provision.")
+                self.bus.decide(key, msg_id, "yes" if zlib.crc32(key.encode()) % 2 else "no")
+            self.read = seq
 
 
-def write(bus: Bus, change: Change) -> None:
-    """Make one change on a bus: a state's key written, or the router deciding."""
+def write(bus: Bus, change: Change, router: Router) -> None:
+    """Make one change on a bus: a state's key written, or its router deciding."""
     state, key, value = change
     if state == ROUTER:
-        decide_all(bus)
+        router.decide()
     else:
         bus.write(state, key, value)
 

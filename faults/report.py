@@ -48,12 +48,19 @@ def _scale(data: dict[str, Any]) -> str:
             f"{data['runs']} run(s) of each scenario.")
     if data.get("pace_source"):
         line += f" The pace: {data['pace_source']}."
-    made = [f"{name} {run['figures']['changes_per_second']['made']:g}" for name, s in data["scenarios"].items()
-            for run in s["runs"] if (run["figures"].get("changes_per_second") or {}).get("made")]
-    if pace is not None and made:
-        line += (" The pace each run made, in changes a second from its first change to its last (the waits of its "
-                 "faults within, and the bad values between bad input's): " + ", ".join(made) + ".")
+    paces = [(name, run["figures"]["changes_per_second"]) for name, s in data["scenarios"].items()
+             for run in s["runs"] if (run["figures"].get("changes_per_second") or {}).get("made")]
+    if pace is not None and paces:
+        line += (" The pace each run made while its stream flowed, in changes a second (the stream is held while a "
+                 "fault is injected and waited on, and while bad input's values are put), and from its first change "
+                 "to its last with those waits: " + ", ".join(_pace(name, made) for name, made in paces) + ".")
     return line
+
+
+def _pace(name: str, made: dict[str, Any]) -> str:
+    """A run's pace: while flowing, and overall when the stream was held (a JSON from before says one figure)."""
+    overall = made.get("overall")
+    return f"{name} {made['made']:g}" + (f" ({overall:g} overall)" if overall and made.get("held_seconds") else "")
 
 
 def render(data: dict[str, Any]) -> str:

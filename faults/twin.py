@@ -11,9 +11,10 @@ history's.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,8 @@ class Params:
 class Pacer:
     """Spaces calls `1 / rate` seconds apart on average from the first: a call made late is made up for by the next
     ones coming at once, but never more than BURST seconds of them (after a pause of the stream, it goes on at the
-    rate). Counts the calls and their span."""
+    rate). Counts the calls, their span, and the time the stream was held (`held`) while a scenario waited on a fault.
+    """
 
     BURST = 0.5
 
@@ -72,6 +74,7 @@ class Pacer:
         self.rate = rate
         self.calls = 0
         self.first = self.last = 0.0
+        self.held_for = 0.0
         self._next = 0.0
 
     def wait(self) -> None:
@@ -87,11 +90,31 @@ class Pacer:
         self.last = now
         self.calls += 1
 
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """The stream held while a scenario injects a fault and waits on what it must see of it (a server back, the
+        processes settled): that time is not the stream's, and its pace is reported without it. After, the stream
+        goes on at the rate, with no burst for the time held."""
+        since = time.monotonic()
+        try:
+            yield
+        finally:
+            now = time.monotonic()
+            if self.calls:
+                self.held_for += now - since
+            self._next = now
+
     def figures(self) -> dict[str, Any]:
-        """The rate asked for and the one made, changes a second over the span of the calls."""
+        """The rate asked for and the one made, changes a second over the span of the calls less the time the stream
+        was held; and over the whole span."""
         span = self.last - self.first
-        made = round((self.calls - 1) / span, 1) if self.calls > 1 and span > 0 else None
-        return {"asked": self.rate, "made": made, "changes": self.calls}
+        flowing = span - self.held_for
+
+        def rate(seconds: float) -> float | None:
+            return round((self.calls - 1) / seconds, 1) if self.calls > 1 and seconds > 0 else None
+
+        return {"asked": self.rate, "made": rate(flowing), "overall": rate(span), "held_seconds": round(
+            self.held_for, 2), "changes": self.calls}
 
 
 @dataclass

@@ -327,23 +327,28 @@ class Bus:
 
     def asks_published(self) -> list[tuple[str, r.Ask]]:
         """Every ask in the router's stream, in order, with its `Nats-Msg-Id`."""
+        return [(msg_id, ask) for _, msg_id, ask in self.asks_since(0)]
 
-        async def go() -> list[tuple[str, r.Ask]]:
+    def asks_since(self, after: int) -> list[tuple[int, str, r.Ask]]:
+        """The asks in the router's stream past its sequence `after`, in order, each with its sequence and
+        `Nats-Msg-Id`."""
+
+        async def go() -> list[tuple[int, str, r.Ask]]:
             info = await self.js.stream_info(ROUTER_STREAM)
             if not info.state.messages:
                 return []
             out = []
-            for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            for seq in range(max(info.state.first_seq, after + 1), info.state.last_seq + 1):
                 try:
                     msg = await self.js.get_msg(ROUTER_STREAM, seq)
                 except nats.js.errors.NotFoundError:
                     continue
                 if msg.subject.startswith("asks.ask."):
                     msg_id = (msg.headers or {}).get(api.Header.MSG_ID, "")
-                    out.append((msg_id, r.decode(r.Ask, msg.data or b"")))
+                    out.append((seq, msg_id, r.decode(r.Ask, msg.data or b"")))
             return out
 
-        asks: list[tuple[str, r.Ask]] = self.run(go)
+        asks: list[tuple[int, str, r.Ask]] = self.run(go)
         return asks
 
     def decide(

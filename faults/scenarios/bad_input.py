@@ -66,7 +66,8 @@ def live(p: Params, out: Run, bad: Iterable[tuple[str, str, bytes]], count: int,
         for i, (state, key, value) in enumerate(bad):
             if time.monotonic() - started > p.seconds:
                 break
-            twin.disturbed.put(state, key, value, validate=False)
+            with twin.pacer.held():  # the bad values are the faults, between the stream's changes
+                twin.disturbed.put(state, key, value, validate=False)
             touched.add((state, key))
             out.fault()
             if i % every == 0 and g < len(good_changes):

@@ -147,21 +147,23 @@ def run(p: Params) -> Run:
                     if time.monotonic() - started > p.seconds:
                         break
                     if i in marks:
-                        if down is None:
-                            role = ROLES[len(downs) % len(ROLES)]
-                            server = choose(role, seat, cluster, twin.disturbed, streams)
-                            cluster.kill(server)
-                            down = Downtime(role, server, twin.disturbed, streams)
-                        else:
-                            downs.append(while_down(out, twin, seat, down))
-                            cluster.revive(down.server)
-                            down = None
-                        out.fault()
+                        with twin.pacer.held():  # the fault and its waits: not the stream's time
+                            if down is None:
+                                role = ROLES[len(downs) % len(ROLES)]
+                                server = choose(role, seat, cluster, twin.disturbed, streams)
+                                cluster.kill(server)
+                                down = Downtime(role, server, twin.disturbed, streams)
+                            else:
+                                downs.append(while_down(out, twin, seat, down))
+                                cluster.revive(down.server)
+                                down = None
+                            out.fault()
                     twin.write(change, out)
                 if down is not None:
-                    downs.append(while_down(out, twin, seat, down))
-                    cluster.revive(down.server)
-                    out.fault()
+                    with twin.pacer.held():
+                        downs.append(while_down(out, twin, seat, down))
+                        cluster.revive(down.server)
+                        out.fault()
                 for change in final_changes(changes, p.nodes):
                     twin.write(change, out)
 

@@ -94,13 +94,14 @@ def run(p: Params) -> Run:
                 if time.monotonic() - started > p.seconds:
                     break
                 if i in at:
-                    if pauser is not None:
-                        pauser.join(30)
-                        # Held again: by taking the lease anew, or by a renewal that found the key still its own.
-                        until(lambda: seat.lease.held and seat.supervisor is not None, 60, 0.02,
-                              "the seat to hold the lease again")
-                    pauser = threading.Thread(target=pause, name="faults-pause", daemon=True)
-                    pauser.start()
+                    with twin.pacer.held():  # the fault and its waits: not the stream's time
+                        if pauser is not None:
+                            pauser.join(30)
+                            # Held again: by taking the lease anew, or by a renewal that found the key still its own.
+                            until(lambda: seat.lease.held and seat.supervisor is not None, 60, 0.02,
+                                  "the seat to hold the lease again")
+                        pauser = threading.Thread(target=pause, name="faults-pause", daemon=True)
+                        pauser.start()
                 twin.write(change, out)
             if pauser is not None:
                 pauser.join(30)

@@ -41,14 +41,15 @@ def run(p: Params) -> Run:
             if time.monotonic() - started > p.seconds:
                 break
             if i in at:
-                if out.faults:
-                    until(lambda: sup.cache.resyncs >= out.faults, 60, 0.02, "the seat back on the bus")
-                if out.faults % 2 == 0:
-                    twin.server.kill()
-                else:
-                    twin.server.stop()
-                twin.server.start()
-                out.fault()
+                with twin.pacer.held():  # the fault and its waits: not the stream's time
+                    if out.faults:
+                        until(lambda: sup.cache.resyncs >= out.faults, 60, 0.02, "the seat back on the bus")
+                    if out.faults % 2 == 0:
+                        twin.server.kill()
+                    else:
+                        twin.server.stop()
+                    twin.server.start()
+                    out.fault()
             twin.write(change, out)
         for change in final_changes(changes, p.nodes):
             twin.write(change, out)

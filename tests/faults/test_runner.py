@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from running import ROOT, run_faults
 
+from faults.mesh import Router
 from faults.report import GOAL_COMMAND, LONG_COMMAND, render
 from faults.twin import Twin
 from mesh_provisioner.actors import node as node_actor
-from mesh_provisioner.contract import PLACEMENT
+from mesh_provisioner.contract import ASK_RECORDS, PLACEMENT
 from meshcheck import check
 from meshcheck.bus import Bus
 
@@ -95,3 +96,18 @@ def test_asked_once_finds_an_ask_under_another_id(twin: Twin) -> None:
     bus.publish("asks.ask.mesh-provisioner", json.dumps({"id": ask.id, "about": ask.about}).encode(),
                 headers={"Nats-Msg-Id": msg_id + "-again"})
     assert any("went out under the message id" in p for p in check.asked_once(bus)[1])
+
+
+def test_the_streams_router_decides_each_ask_once_reading_only_what_came_since(twin: Twin) -> None:
+    bus: Bus = twin.reference  # its seat has published the sample's retiring key's ask
+    router = Router(bus)
+    router.decide()
+    asks = bus.asks_published()
+    assert asks and all(bus.get(ASK_RECORDS, msg_id) is not None for msg_id, _ in asks)
+    read = router.read
+    assert read > 0 and bus.asks_since(read) == []
+    msg_id, ask = asks[0]
+    bus.publish("asks.ask.mesh-provisioner", json.dumps({"id": ask.id, "about": ask.about}).encode(),
+                headers={"Nats-Msg-Id": msg_id + "-again"})
+    router.decide()
+    assert router.read > read and bus.get(ASK_RECORDS, msg_id + "-again") is not None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 from faults.mesh import final_mesh, grown, initial_states, node_names, stream
@@ -15,6 +16,7 @@ from faults.scale import GOAL, SCALES, SMALL
 from faults.scenarios import SCENARIOS
 from faults.twin import Pacer, Params, Run
 from mesh_provisioner.contract import DEFAULT_BOUND_READS, PLACEMENT, PLANS, REFUSED, RESOLVED
+from meshcheck.bus import until
 from meshcheck.settled import expected
 
 
@@ -99,3 +101,17 @@ def test_the_pacer_keeps_its_rate_from_the_first_call() -> None:
         pacer.wait()
     assert pacer.calls == 41 and pacer.last - pacer.first >= 40 / 200.0 - 0.01  # no burst at the start
     assert Pacer(None).figures()["made"] is None
+
+
+def test_the_pacer_reports_its_pace_without_the_time_the_stream_was_held() -> None:
+    pacer = Pacer(200.0)
+    for _ in range(21):
+        pacer.wait()
+    with pacer.held():
+        until(lambda: time.monotonic() - pacer.last >= 1.0, 5, 0.01, "a fault's wait")
+    for _ in range(20):
+        pacer.wait()
+    made = pacer.figures()
+    assert made["held_seconds"] >= 1.0
+    assert made["made"] > 100 and made["overall"] < 50, made  # held time counted, it would be 33
+    assert pacer.last - pacer.first >= 40 / 200.0 + 1.0 - 0.01, "no burst after the stream was held"
