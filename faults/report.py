@@ -54,6 +54,11 @@ def _scale(data: dict[str, Any]) -> str:
         line += (" The pace each run made while its stream flowed, in changes a second (the stream is held while a "
                  "fault is injected and waited on, and while bad input's values are put), and from its first change "
                  "to its last with those waits: " + ", ".join(_pace(name, made) for name, made in paces) + ".")
+    bad = [run["figures"]["bad_values_per_second"] for s in data["scenarios"].values() for run in s["runs"]
+           if run["figures"].get("bad_values_per_second")]
+    if bad:
+        line += (" Bad input's stream is its bad values, put as fast as the bus takes them (generating each included): "
+                 + ", ".join(f"{rate:g}" for rate in bad) + " a second.")
     return line
 
 

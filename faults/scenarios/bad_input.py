@@ -53,9 +53,9 @@ def live(p: Params, out: Run, bad: Iterable[tuple[str, str, bytes]], count: int,
          good: dict[tuple[str, str], bytes | None]) -> None:
     """The live share: bad values into the disturbed bus during the good changes, then given back; every check."""
     touched: set[tuple[str, str]] = set()
-    with check.watching_errors() as errors, Twin(
-        p.work, nodes=p.nodes, pace=p.pace, max_payload=MAX_PAYLOAD
-    ) as twin:
+    # This run's stream is its bad values, put as fast as the bus takes them (their pace is in its figures); the good
+    # changes go between them, not at a pace of their own.
+    with check.watching_errors() as errors, Twin(p.work, nodes=p.nodes, max_payload=MAX_PAYLOAD) as twin:
         for bus in (twin.disturbed, twin.reference):
             for state in READ_STATES:  # as the modules owning them would have made them
                 bus.create_bucket(state)
@@ -66,8 +66,7 @@ def live(p: Params, out: Run, bad: Iterable[tuple[str, str, bytes]], count: int,
         for i, (state, key, value) in enumerate(bad):
             if time.monotonic() - started > p.seconds:
                 break
-            with twin.pacer.held():  # the bad values are the faults, between the stream's changes
-                twin.disturbed.put(state, key, value, validate=False)
+            twin.disturbed.put(state, key, value, validate=False)
             touched.add((state, key))
             out.fault()
             if i % every == 0 and g < len(good_changes):
@@ -78,6 +77,7 @@ def live(p: Params, out: Run, bad: Iterable[tuple[str, str, bytes]], count: int,
                     good[(change[0], change[1])] = None if change[2] is None else raw(change[2])
             if i == count // 2:
                 out.lost += [f"halfway through the bad input: {what}" for what in check.composes(sup)]
+        putting = time.monotonic() - started
         for change in good_changes[g:]:
             twin.write(change, out)
             if change[0] != ROUTER:
@@ -94,4 +94,5 @@ def live(p: Params, out: Run, bad: Iterable[tuple[str, str, bytes]], count: int,
             twin.write(change, out)
         finish(out, twin, settled=sup.wait_settled, answers=lambda: check.composes(sup), errors=errors)
         out.figures.update(live_inputs=out.faults, keys_touched=len(touched),
+                           bad_values_per_second=round(out.faults / putting, 1) if putting > 0 else None,
                            failed_writes=sup.store.counts()["failed writes"])

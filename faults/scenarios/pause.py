@@ -81,7 +81,8 @@ def run(p: Params) -> Run:
         def pause() -> None:
             server.pause()
             try:
-                stop.wait(LEASE * 1.5)  # the fault itself: frozen for longer than the lease
+                with twin.pacer.held():  # a frozen server takes no change: the stream's writes wait for it
+                    stop.wait(LEASE * 1.5)  # the fault itself: frozen for longer than the lease
             finally:
                 server.resume()
                 resumed.append(time.monotonic())
