@@ -321,9 +321,11 @@ class Runtime:
         cache = self.cache
         return Reads(cache.view, cache.changes, lambda: cache.changes)
 
-    def publish(self, ask: r.Ask) -> None:
-        """Publish an ask on the operator's channel, de-duplicated by its id."""
-        self.loop.run(self.asks.publish(ask), self.config.work_timeout)
+    def publish(self, ask: r.Ask) -> bool:
+        """Publish an ask on the operator's channel, de-duplicated by its id; answers whether it is out for the first
+        time (False: JetStream kept the first, from this process or the one that held the seat before)."""
+        ack = self.loop.run(self.asks.publish(ask), self.config.work_timeout)
+        return not ack.duplicate
 
     def verify(self, warrant: r.Warrant | Mapping[str, Any]) -> str:
         """Why a warrant's signature is refused; with no router key configured, none is required."""

@@ -105,11 +105,15 @@ class AskerActor(SeatActor):
 
     def _publish(self, key: str, ask: r.Ask) -> None:
         try:
-            self.seat.publish(ask)
+            first = self.seat.publish(ask)
         except Exception as err:  # the channel may be down or have no router yet: asked again at the next look
             log.warning("the retiring ask of %s is not published: %s", key, err)
             return
         self.published.add(ask.id)
+        if not first:
+            # Raised before, by this process or the seat's last holder (5.4: its id de-duplicates it): not again.
+            log.debug("the ask to retire %s (%s) was out already", key, ask.id)
+            return
         self.asks_raised += 1
         self.seat.metrics.asks_raised.inc()
         log.info("asked the operator to retire %s (%s)", key, ask.id)

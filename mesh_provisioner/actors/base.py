@@ -71,8 +71,8 @@ class Workplace(Protocol):
         """A view over the cache that records what a judgment reads from it, from now on."""
         ...
 
-    def publish(self, ask: r.Ask) -> None:
-        """Publish an ask on the operator's channel, de-duplicated by its id."""
+    def publish(self, ask: r.Ask) -> bool:
+        """Publish an ask on the operator's channel, de-duplicated by its id; whether it is out for the first time."""
         ...
 
     def verify(self, warrant: r.Warrant | Mapping[str, Any]) -> str:

@@ -52,7 +52,7 @@ class Asks:
             ) from None
         if ack.duplicate:
             self.duplicates += 1
-            log.info("ask %s was published before; JetStream kept the first", ask.id)
+            log.debug("ask %s was published before; JetStream kept the first", ask.id)
         else:
             self.published += 1
             log.info("published ask %s", ask.id)

@@ -293,17 +293,16 @@ class Cache:
             await asyncio.gather(after, return_exceptions=True)  # its watcher is stopped before this one starts
         name = bucket(state)
         delay = self._backoff[0]
-        waiting = False
         while True:
             created = self._created.setdefault(stream_of(state), asyncio.Event())
             created.clear()
             try:
                 kv, info = await open_bucket(self._js, state)
             except nats.js.errors.BucketNotFoundError:
-                # Contract section 2: a missing bucket is waited for, never an error that stops the seat.
-                if not waiting:
+                # Contract section 2: a missing bucket is waited for, never an error that stops the seat; said once
+                # until it exists, not again at each resynchronisation.
+                if state not in self._missing:
                     log.info("bucket %s does not exist yet; waiting for it", name)
-                    waiting = True
                 self._missing.add(state)
                 self.memory.reconcile(state, {}, None)  # no bucket: no keys
                 self._done_loading(state)
@@ -317,10 +316,9 @@ class Cache:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._backoff[1])
                 continue
-            self._missing.discard(state)
-            if waiting:
+            if state in self._missing:
                 log.info("bucket %s exists now", name)
-                waiting = False
+                self._missing.discard(state)
             watcher = None
             try:
                 watcher = await kv.watchall(inactive_threshold=INACTIVE_THRESHOLD)

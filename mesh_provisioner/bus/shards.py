@@ -147,7 +147,8 @@ class ShardLeases(SeatLease):
             await self._announce(kv)
             await self._rebalance(kv)
         except _BUS_ERRORS as err:
-            log.warning("the seat's shards are not rebalanced (%s)", err or type(err).__name__)
+            log.warning("the shard leases could not be read (%s): this process takes none and gives none back until "
+                        "its next look", err or type(err).__name__)
         self._forget_lapsed()
         return self.held
 

@@ -74,9 +74,10 @@ def reconcile(config: Config, timeout: float, wait: bool, stop: threading.Event)
             if lost:
                 log.error("%s; nothing is reconciled", lost)
             else:
+                # A partitioned seat holds no `holder` key: the lease says which of its processes holds shards.
                 holder = seat.lease_loop.run(seat.lease.current(), config.request_timeout)
-                log.error("another process holds the seat%s%s; nothing is reconciled%s", _holder(holder),
-                          f" still after {timeout:g} s" if wait else "",
+                who = seat.lease.blocker or f"another process holds the seat{_holder(holder)}"
+                log.error("%s%s; nothing is reconciled%s", who, f" still after {timeout:g} s" if wait else "",
                           "" if wait else ": --wait waits for it (up to --timeout)")
             return 2
         # Held as `serve` holds it (`Seat.hold`: the lease renewed all along); a lost lease ends it at once.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -18,19 +19,26 @@ from mesh_provisioner.runtime import Runtime
 OLDAPP = "bee.oldapp.postgres-database"  # retiring in the sample mesh: nothing places oldapp any more
 
 
-def test_a_retiring_keys_ask_is_published_once_with_its_id(sup: Runtime, mesh: Bus) -> None:
+def test_a_retiring_keys_ask_is_published_once_with_its_id(
+    sup: Runtime, mesh: Bus, caplog: pytest.LogCaptureFixture
+) -> None:
     p = mesh.provision(OLDAPP)
     assert p is not None and p.state == r.RETIRING and p.ask
     asks = mesh.asks_published()
     assert [(msg_id, ask.about) for msg_id, ask in asks] == [(p.ask, "provision." + OLDAPP)]
+    raised = sup.metrics.registry.get_sample_value("mesh_provisioner_asks_raised_total")
     # The asker restarted re-publishes what it cannot know it published: the router's stream keeps one.
-    for _ in range(3):
-        old = sup.children()["asker"]
-        sup.kill("asker")
-        wait_until(lambda o=old: sup.children()["asker"].actor_urn != o.actor_urn, 10, what="the asker restarted")
-        settle(sup)
+    with caplog.at_level(logging.INFO, logger="mesh_provisioner"):
+        for _ in range(3):
+            old = sup.children()["asker"]
+            sup.kill("asker")
+            wait_until(lambda o=old: sup.children()["asker"].actor_urn != o.actor_urn, 10, what="the asker restarted")
+            settle(sup)
     assert [msg_id for msg_id, _ in mesh.asks_published()] == [p.ask]
     assert sup.asks.duplicates >= 3
+    # Said and counted once: the operator was asked once (a new holder of the seat re-publishes the same way).
+    assert sup.metrics.registry.get_sample_value("mesh_provisioner_asks_raised_total") == raised == 1
+    assert not [m for m in caplog.messages if "asked the operator" in m], caplog.messages
 
 
 def test_an_ask_waits_for_a_router_that_comes_later(bus: Bus, seats: Seats) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -144,6 +145,22 @@ def test_a_bucket_created_after_the_cache_started_is_picked_up(
     seed_buckets(nats_server.url, [state])
     put(loop, other, state, "bee.gitea.postgres-database", b'{"state": "waits"}')
     wait_until(lambda: s.cache.view.get(state, "bee.gitea.postgres-database"), what="the bucket made again")
+
+
+def test_a_missing_bucket_is_said_once_not_at_each_resynchronisation(
+    loop: EventLoopThread, nats_server: NatsServer, started: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    seed_buckets(nats_server.url, [PLACEMENT])
+    state = bound("postgres")
+    with caplog.at_level(logging.INFO, logger="mesh_provisioner.bus.cache"):
+        s = started(states=[PLACEMENT, state])
+        s.synced()
+        for _ in range(3):
+            loop.run(s.cache.resync(), 30)
+        seed_buckets(nats_server.url, [state])
+        wait_until(lambda: any("exists now" in m for m in caplog.messages), what="the bucket made")
+    waiting = [m for m in caplog.messages if "does not exist yet" in m]
+    assert waiting == [f"bucket {bucket(state)} does not exist yet; waiting for it"], caplog.messages
 
 
 def test_a_value_that_does_not_decode_is_kept_with_why_and_the_watch_goes_on(

@@ -33,6 +33,7 @@ from mesh_provisioner.config import Config
 from mesh_provisioner.contract import HOLDER_KEY, NEEDS, PLANS, PROVISIONS, SEAT, bucket
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Put
+from mesh_provisioner.rules.shards import shard_key
 from mesh_provisioner.samples import sample_mesh
 from mesh_provisioner.seat import Seat
 
@@ -54,8 +55,8 @@ def seat(url: str, *args: str, metrics: int = 0) -> subprocess.Popen[bytes]:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def holder(loop: EventLoopThread, url: str) -> r.Lease | None:
-    """The lease record on the bus now, None when no one holds the seat."""
+def holder(loop: EventLoopThread, url: str, key: str = HOLDER_KEY) -> r.Lease | None:
+    """The lease record on the bus now (of the whole seat, or of another lease key), None when no one holds it."""
 
     async def read() -> r.Lease | None:
         nc = await nats.connect(url)
@@ -65,7 +66,7 @@ def holder(loop: EventLoopThread, url: str) -> r.Lease | None:
             except nats.js.errors.BucketNotFoundError:
                 return None
             try:
-                entry = await kv.get(HOLDER_KEY)
+                entry = await kv.get(key)
             except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
                 return None
             return r.decode(r.Lease, entry.value or b"")
@@ -199,6 +200,22 @@ def test_8_reconcile_waits_for_the_lease_and_gives_up_past_its_timeout(bus: tupl
         assert rec.returncode == 2
         assert f"another process holds the seat (pid {a.pid} on " in rec.stderr
         assert "still after 1 s" in rec.stderr
+    finally:
+        stop(a)
+
+
+def test_8_1_reconcile_names_the_partitioned_seat_that_holds_the_mesh(bus: tuple[NatsServer, EventLoopThread]) -> None:
+    # A partitioned seat holds `shard.<i>` keys, not `holder`: "another process holds the seat" named no one.
+    server, loop = bus
+    a = seat(server.url, "serve", "--shards", "4")
+    try:
+        wait_until(lambda: (h := holder(loop, server.url, shard_key(0))) is not None and h.pid == a.pid, 30, 0.05,
+                   "a holds shard 0")
+        rec = subprocess.run([sys.executable, "-m", "mesh_provisioner", "--nats", server.url, "--lease-seconds",
+                              str(LEASE), "reconcile"], capture_output=True, text=True, timeout=60)
+        assert rec.returncode == 2
+        assert f"process {a.pid} on " in rec.stderr and "holds shards of the seat (--shards 4)" in rec.stderr
+        assert "nothing is reconciled" in rec.stderr
     finally:
         stop(a)
 
