@@ -49,11 +49,13 @@ def _scale(data: dict[str, Any]) -> str:
     if data.get("pace_source"):
         line += f" The pace: {data['pace_source']}."
     paces = [(name, run["figures"]["changes_per_second"]) for name, s in data["scenarios"].items()
-             for run in s["runs"] if (run["figures"].get("changes_per_second") or {}).get("made")]
+             for run in s["runs"] if (made := run["figures"].get("changes_per_second") or {}).get("made")
+             and made.get("asked")]  # a stream not paced (bad input's good changes) has no pace to say
     if pace is not None and paces:
         line += (" The pace each run made while its stream flowed, in changes a second (the stream is held while a "
-                 "fault is injected and waited on, and while bad input's values are put), and from its first change "
-                 "to its last with those waits: " + ", ".join(_pace(name, made) for name, made in paces) + ".")
+                 "fault is injected and waited on, and while a paused server is frozen; a cluster's changes wait "
+                 "for its new leaders as any writer's do), and from its first change to its last with those waits: "
+                 + ", ".join(_pace(name, made) for name, made in paces) + ".")
     bad = [run["figures"]["bad_values_per_second"] for s in data["scenarios"].values() for run in s["runs"]
            if run["figures"].get("bad_values_per_second")]
     if bad:

@@ -81,5 +81,6 @@ class Unanswered:
 
 
 def _wake(future: asyncio.Future[None]) -> None:
+    """Wake a waiter on its loop, unless its wait ran out meanwhile."""
     if not future.done():
         future.set_result(None)
