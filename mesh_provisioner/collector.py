@@ -44,6 +44,6 @@ class Freezer:
         gc.freeze()
         self._last = now
         self.freezes += 1
-        log.info("froze %d objects out of full collections (%.0f ms)", gc.get_freeze_count(),
+        log.debug("froze %d objects out of full collections (%.0f ms)", gc.get_freeze_count(),
                  (time.perf_counter() - started) * 1000)
         return True

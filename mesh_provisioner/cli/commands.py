@@ -19,7 +19,7 @@ from mesh_provisioner.bus.embedded import EmbeddedServer
 from mesh_provisioner.bus.loader import add_router_stream, put_states
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.snapshot import snapshot
-from mesh_provisioner.cli.options import PROG, Refused
+from mesh_provisioner.cli.options import Refused, invoked
 from mesh_provisioner.config import Config
 from mesh_provisioner.contract import PROVISIONS, ROUTER_STREAM, VERB_SUBJECT
 from mesh_provisioner.messages import records as r
@@ -197,7 +197,7 @@ def demo(config: Config, keep: bool, stop: threading.Event) -> int:
                 return
             metrics = f", metrics on http://{config.metrics_addr}/metrics" if config.metrics_addr else ""
             say(f"\nThe seat holds its lease on {server.url} and answers its verb on {VERB_SUBJECT}{metrics}.\n"
-                f"In another terminal: {PROG} --nats {server.url} show provisions\n"
+                f"In another terminal: {invoked()} --nats {server.url} show provisions\n"
                 "Interrupt (Ctrl-C) to stop.")
 
         def on_hold(sup: Runtime | None) -> None:
@@ -243,6 +243,6 @@ def load(config: Config, args: argparse.Namespace) -> int:
         + (f"; created the router's stream {ROUTER_STREAM}" if made else ""))
     # The seat needs the same servers, and on a cluster the same replicas for the buckets it creates.
     replicas = f" --replicas {config.replicas}" if config.replicas > 1 else ""
-    say(f"next: {PROG} --nats {','.join(config.servers())}{replicas} reconcile (once) or serve (on events), then show "
-        "provisions")
+    say(f"next: {invoked()} --nats {','.join(config.servers())}{replicas} reconcile (once) or serve (on events), "
+        "then show provisions")
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, NamedTuple
@@ -24,6 +25,13 @@ DESCRIPTION: Final = (
     "moment: the first stops it cleanly (a held lease is given back), a second during that clean-up exits at once.\n"
 )
 PROG: Final = "mesh-provisioner"
+
+
+def invoked() -> str:
+    """This program as it was started, for a command line the user copies: the console script's path as typed (a
+    virtualenv's `bin` need not be on PATH), else the interpreter running the package."""
+    script = sys.argv[0] if sys.argv else ""
+    return script if os.path.basename(script) == PROG else f"{sys.executable} -m mesh_provisioner"
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMATS: Final = ("text", "json")
 # Commands that only read: quiet unless asked (their output is what they print, not the log).

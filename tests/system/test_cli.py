@@ -8,9 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import wait_until
 from seatbus import Bus, assert_fixed_point
 
+from mesh_provisioner.cli.options import invoked
 from mesh_provisioner.contract import WANTS
 from mesh_provisioner.messages import records as r
 
@@ -63,3 +65,11 @@ def test_serve_reacts_to_changes_and_exits_0_on_sigterm(mesh: Bus, tmp_path: Pat
             proc.kill()
             proc.wait(10)
     assert_fixed_point(mesh)
+
+
+def test_a_command_line_to_copy_names_the_program_as_it_was_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    # "mesh-provisioner ..." is not found when the virtualenv's bin is not on PATH, as the README's commands run it.
+    monkeypatch.setattr(sys, "argv", [".venv/bin/mesh-provisioner", "demo", "--serve"])
+    assert invoked() == ".venv/bin/mesh-provisioner"
+    monkeypatch.setattr(sys, "argv", ["/x/mesh_provisioner/__main__.py", "load"])
+    assert invoked() == f"{sys.executable} -m mesh_provisioner"
