@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -261,6 +261,19 @@ class Twin:
         self.writer.write(change, reference=reference)
         if run is not None:
             run.changed()
+
+    def stream(self, changes: list[Change], run: Run, *, seconds: float, marks: Collection[int],
+               fault: Callable[[], None]) -> None:
+        """Make the changes in order at the run's pace, for `seconds` at most; before each change whose index is in
+        `marks`, `fault()` injects a fault and waits on what it must see of it, with the stream held (`Pacer.held`)."""
+        started = time.monotonic()
+        for i, change in enumerate(changes):
+            if time.monotonic() - started > seconds:
+                break
+            if i in marks:
+                with self.pacer.held():
+                    fault()
+            self.write(change, run)
 
     def close(self) -> None:
         """Stop both seats, both connections and the servers this started."""

@@ -142,23 +142,21 @@ def run(p: Params) -> Run:
                 until(lambda: (s := seat.supervisor) is not None and s.wait_settled(5), 120, 0.05, "the seat to hold")
                 down: Downtime | None = None
                 streams = [state for state in ELECTED if exists(twin.disturbed, state)]
-                started = time.monotonic()
-                for i, change in enumerate(changes):
-                    if time.monotonic() - started > p.seconds:
-                        break
-                    if i in marks:
-                        with twin.pacer.held():  # the fault and its waits: not the stream's time
-                            if down is None:
-                                role = ROLES[len(downs) % len(ROLES)]
-                                server = choose(role, seat, cluster, twin.disturbed, streams)
-                                cluster.kill(server)
-                                down = Downtime(role, server, twin.disturbed, streams)
-                            else:
-                                downs.append(while_down(out, twin, seat, down))
-                                cluster.revive(down.server)
-                                down = None
-                            out.fault()
-                    twin.write(change, out)
+
+                def fault() -> None:
+                    nonlocal down
+                    if down is None:
+                        role = ROLES[len(downs) % len(ROLES)]
+                        server = choose(role, seat, cluster, twin.disturbed, streams)
+                        cluster.kill(server)
+                        down = Downtime(role, server, twin.disturbed, streams)
+                    else:
+                        downs.append(while_down(out, twin, seat, down))
+                        cluster.revive(down.server)
+                        down = None
+                    out.fault()
+
+                twin.stream(changes, out, seconds=p.seconds, marks=marks, fault=fault)
                 if down is not None:
                     with twin.pacer.held():
                         downs.append(while_down(out, twin, seat, down))

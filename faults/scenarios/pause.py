@@ -90,20 +90,18 @@ def run(p: Params) -> Run:
 
         try:
             until(lambda: (s := seat.supervisor) is not None and s.wait_settled(5), 60, 0.05, "the seat to hold")
-            started = time.monotonic()
-            for i, change in enumerate(changes):
-                if time.monotonic() - started > p.seconds:
-                    break
-                if i in at:
-                    with twin.pacer.held():  # the fault and its waits: not the stream's time
-                        if pauser is not None:
-                            pauser.join(30)
-                            # Held again: by taking the lease anew, or by a renewal that found the key still its own.
-                            until(lambda: seat.lease.held and seat.supervisor is not None, 60, 0.02,
-                                  "the seat to hold the lease again")
-                        pauser = threading.Thread(target=pause, name="faults-pause", daemon=True)
-                        pauser.start()
-                twin.write(change, out)
+
+            def fault() -> None:
+                nonlocal pauser
+                if pauser is not None:
+                    pauser.join(30)
+                    # Held again: by taking the lease anew, or by a renewal that found the key still its own.
+                    until(lambda: seat.lease.held and seat.supervisor is not None, 60, 0.02,
+                          "the seat to hold the lease again")
+                pauser = threading.Thread(target=pause, name="faults-pause", daemon=True)
+                pauser.start()
+
+            twin.stream(changes, out, seconds=p.seconds, marks=at, fault=fault)
             if pauser is not None:
                 pauser.join(30)
             for change in final_changes(changes, p.nodes):

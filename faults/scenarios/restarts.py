@@ -9,7 +9,6 @@ seat was away, or as it came back, must arrive as changes.
 from __future__ import annotations
 
 import random
-import time
 
 from faults.mesh import final_changes, random_changes
 from faults.spies import CasSpy, spied_compositions, spied_runtimes
@@ -35,22 +34,20 @@ def run(p: Params) -> Run:
     ) as twin:
         with spied_runtimes(cas):
             sup = twin.start_disturbed()
-        assert twin.server is not None
-        started = time.monotonic()
-        for i, change in enumerate(changes):
-            if time.monotonic() - started > p.seconds:
-                break
-            if i in at:
-                with twin.pacer.held():  # the fault and its waits: not the stream's time
-                    if out.faults:
-                        until(lambda: sup.cache.resyncs >= out.faults, 60, 0.02, "the seat back on the bus")
-                    if out.faults % 2 == 0:
-                        twin.server.kill()
-                    else:
-                        twin.server.stop()
-                    twin.server.start()
-                    out.fault()
-            twin.write(change, out)
+        server = twin.server
+        assert server is not None
+
+        def fault() -> None:
+            if out.faults:
+                until(lambda: sup.cache.resyncs >= out.faults, 60, 0.02, "the seat back on the bus")
+            if out.faults % 2 == 0:
+                server.kill()
+            else:
+                server.stop()
+            server.start()
+            out.fault()
+
+        twin.stream(changes, out, seconds=p.seconds, marks=at, fault=fault)
         for change in final_changes(changes, p.nodes):
             twin.write(change, out)
 

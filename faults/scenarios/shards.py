@@ -112,39 +112,36 @@ def run(p: Params) -> Run:
             for _ in range(PROCESSES):
                 procs.start()
             until(spread, 60, POLL, "the processes to split the shards")
-            started = time.monotonic()
-            for i, change in enumerate(changes):
-                if time.monotonic() - started > p.seconds:
-                    break
-                if i in at:
-                    with twin.pacer.held():  # the fault and its waits: not the stream's time
-                        node = nodes[out.faults % len(nodes)]
-                        held = watch.held()
-                        victim = next(q for q in procs.all if q.pid == held.get(shard_of(node, SHARDS))
-                                      and q.poll() is None)
-                        lost_shards = {s for s, pid in held.items() if pid == victim.pid}
-                        victim.kill()
-                        victim.wait(10)
-                        out.fault()
-                        killed = out.last_fault
 
-                        def taken(shards: set[int] = lost_shards, dead: int = victim.pid) -> bool:
-                            now = watch.held()
-                            return all(now.get(s) not in (None, dead) for s in shards)
+            def fault() -> None:
+                node = nodes[out.faults % len(nodes)]
+                held = watch.held()
+                victim = next(q for q in procs.all if q.pid == held.get(shard_of(node, SHARDS))
+                              and q.poll() is None)
+                lost_shards = {s for s, pid in held.items() if pid == victim.pid}
+                victim.kill()
+                victim.wait(10)
+                out.fault()
+                killed = out.last_fault
 
-                        try:
-                            until(taken, 4 * LEASE, POLL / 2, "the survivors to take the killed process's shards")
-                            takeovers.append(time.monotonic() - killed)
-                        except TimeoutError:
-                            out.lost.append(f"the survivors did not take shards {sorted(lost_shards)} of the killed "
-                                            f"process {victim.pid} within {4 * LEASE:g} s")
-                        procs.start()  # one joins: it takes its fair share back from the survivors
-                        if settled_now(SETTLE_SECONDS):
-                            settles.append(time.monotonic() - killed)
-                        else:
-                            out.lost.append(f"the processes did not settle within {SETTLE_SECONDS:g} s of fault "
-                                            f"{out.faults}")
-                twin.write(change, out)
+                def taken(shards: set[int] = lost_shards, dead: int = victim.pid) -> bool:
+                    now = watch.held()
+                    return all(now.get(s) not in (None, dead) for s in shards)
+
+                try:
+                    until(taken, 4 * LEASE, POLL / 2, "the survivors to take the killed process's shards")
+                    takeovers.append(time.monotonic() - killed)
+                except TimeoutError:
+                    out.lost.append(f"the survivors did not take shards {sorted(lost_shards)} of the killed "
+                                    f"process {victim.pid} within {4 * LEASE:g} s")
+                procs.start()  # one joins: it takes its fair share back from the survivors
+                if settled_now(SETTLE_SECONDS):
+                    settles.append(time.monotonic() - killed)
+                else:
+                    out.lost.append(f"the processes did not settle within {SETTLE_SECONDS:g} s of fault "
+                                    f"{out.faults}")
+
+            twin.stream(changes, out, seconds=p.seconds, marks=at, fault=fault)
             for change in final_changes(changes, p.nodes):
                 twin.write(change, out)
 

@@ -162,23 +162,19 @@ def run(p: Params) -> Run:
                 holder = procs.by_pid(watch.holder)
                 return holder if holder is not None and holder.poll() is None else None
 
-            started = time.monotonic()
-            for i, change in enumerate(changes):
-                if time.monotonic() - started > p.seconds:
-                    break
-                if i in at:
-                    with twin.pacer.held():  # the fault and its waits: not the stream's time
-                        # A live process holds the seat (the standby took over from the last one killed), and is killed.
-                        holder = until(live_holder, 60, 0.02, "a live process to hold the seat")
-                        # Serving, not still starting: on a large mesh a new holder spends a while loading it, and a
-                        # kill at the next mark would find every holder but the first still at it.
-                        out.lost += check.verb_answers(url, 60)
-                        holder.send_signal(signal.SIGKILL)
-                        holder.wait(10)
-                        out.fault()
-                        takeovers.append((out.last_fault, holder.pid))
-                        procs.start()  # the next standby
-                twin.write(change, out)
+            def fault() -> None:
+                # A live process holds the seat (the standby took over from the last one killed), and is killed.
+                holder = until(live_holder, 60, 0.02, "a live process to hold the seat")
+                # Serving, not still starting: on a large mesh a new holder spends a while loading it, and a
+                # kill at the next mark would find every holder but the first still at it.
+                out.lost += check.verb_answers(url, 60)
+                holder.send_signal(signal.SIGKILL)
+                holder.wait(10)
+                out.fault()
+                takeovers.append((out.last_fault, holder.pid))
+                procs.start()  # the next standby
+
+            twin.stream(changes, out, seconds=p.seconds, marks=at, fault=fault)
             for change in final_changes(changes, p.nodes):
                 twin.write(change, out)
 
