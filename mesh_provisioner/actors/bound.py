@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from mesh_provisioner.actors.base import InFlight, SeatActor, Workplace
 from mesh_provisioner.actors.dispatch import JUDGE, Judgment
-from mesh_provisioner.contract import bound
+from mesh_provisioner.contract import PROVISIONS, bound
 
 
 class BoundActor(SeatActor):
@@ -19,7 +19,16 @@ class BoundActor(SeatActor):
         self.provider = provider
 
     def owned(self) -> list[Judgment]:
-        """Every key the provider has an entry for or provides."""
+        """Every key the provider provides, or has an entry for that is a provision.
+
+        An entry for a key no composition made yet wakes nothing: that key's judgment would find no provision and
+        write nothing, and the composition that makes it starts its judgment (actors/routing.py). A cold start's
+        entries are most of the mesh's keys. A partitioned seat judges them all: a shared credential another process's
+        key depends on is made by its judgment (contract 8.1, rules/node.py `shared_credential`).
+        """
         view = self.seat.view
-        keys = set(view.keys(bound(self.provider))) | view.provided_by_module(self.provider)
+        entries = view.keys(bound(self.provider))
+        if self.seat.writes_on is None:
+            entries = [key for key in entries if view.get(PROVISIONS, key) is not None]
+        keys = set(entries) | view.provided_by_module(self.provider)
         return [(JUDGE, key) for key in sorted(keys)]

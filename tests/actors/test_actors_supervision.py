@@ -13,7 +13,8 @@ from seatbus import Bus, Seats, assert_fixed_point, load_sample, seat_config, se
 
 from mesh_provisioner.actors import base
 from mesh_provisioner.actors import node as node_actor
-from mesh_provisioner.contract import HAVE, PROVISIONS, WANTS
+from mesh_provisioner.actors.dispatch import JUDGE
+from mesh_provisioner.contract import HAVE, PROVISIONS, WANTS, bound
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import Wake
 from mesh_provisioner.runtime import Runtime
@@ -87,6 +88,28 @@ def test_each_kind_of_child_is_restarted(sup: Runtime, mesh: Bus) -> None:
         wait_until(lambda n=name, o=old: restarted(sup, n, o), 10, what=f"{name} restarted")
     settle(sup)
     assert sup.status().restarts == dict.fromkeys(names, 1)
+    assert_fixed_point(mesh)
+
+
+def test_a_restarted_bound_actor_judges_its_providers_keys_not_entries_no_composition_made(
+    mesh: Bus, seats: Seats
+) -> None:
+    sup = seats.start(seat_config(mesh.url, backoff_first=1.0))
+    settle(sup)
+    # An entry for a key no composition made: its judgment would find no provision and write nothing (5.3).
+    mesh.put(bound("postgres"), "zed.nobody.postgres-database", {"state": "provided"})
+    settle(sup)
+    old = sup.children()["bound:postgres"]
+    sup.kill("bound:postgres")
+    wait_until(lambda: dead(sup, "bound:postgres"), 10, what="postgres's bound actor down")
+    # What the dead actor's mailbox would have held is recovered by its successor's resync.
+    mesh.put(bound("postgres"), "bee.webapp.postgres-database", {"state": "failed", "why": "disk full"})
+    settle(sup)
+    assert restarted(sup, "bound:postgres", old)
+    p = mesh.provision("bee.webapp.postgres-database")
+    assert p is not None and p.state == r.FAILED and p.why == "disk full"
+    assert not sup.dispatcher.knows((JUDGE, "zed.nobody.postgres-database"))
+    assert mesh.provision("zed.nobody.postgres-database") is None
     assert_fixed_point(mesh)
 
 
