@@ -6,6 +6,7 @@ Each supervisor has a registry of its own, so that two seats embedded in one pro
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -53,8 +54,8 @@ class Metrics:
 
     def observe_writes(self, states: Iterable[str], conflict: bool) -> None:
         """Count a batch's writes by state, and its conflict."""
-        for state in states:
-            self.writes.labels(state).inc()
+        for state, n in collections.Counter(states).items():
+            self.writes.labels(state).inc(n)
         if conflict:
             self.conflicts.inc()
 

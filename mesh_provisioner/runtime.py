@@ -318,8 +318,9 @@ class Runtime:
 
     def reads(self) -> Reads:
         """A view over the cache that records what a judgment reads, stamped with the changes it holds already."""
-        cache = self.cache
-        return Reads(cache.view, cache.changes, lambda: cache.changes)
+        memory = self.cache.memory
+        # A C-level getter, not a lambda over the cache's property: it is read at each token a judgment first reads.
+        return Reads(memory.view, memory.changes, partial(getattr, memory, "changes"))
 
     def publish(self, ask: r.Ask) -> bool:
         """Publish an ask on the operator's channel, de-duplicated by its id; answers whether it is out for the first

@@ -235,28 +235,23 @@ class Dispatcher:
                 kicks.append(actor)
         self._kick_all(kicks)
 
-    def _index(self, j: Judgment, reads: Iterable[Token]) -> None:
+    def _index(self, j: Judgment, reads: set[Token]) -> None:
+        """Keep a run's read set as the judgment's, and the judgment among the readers of each token in it."""
         tokens = self._tokens
-        new = frozenset(tokens.setdefault(t, t) for t in reads)
         kept = self._reads.get(j)
-        old = frozenset(kept) if kept is not None else frozenset()
-        if kept is not None and old == new:
-            return
-        self._reads[j] = tuple(new)
-        for t in old - new:
-            readers = self._readers.get(t)
-            if readers == j:
-                del self._readers[t]
-                del tokens[t]
-            elif isinstance(readers, set):
-                readers.discard(j)
-                if len(readers) == 1:
-                    self._readers[t] = next(iter(readers))
-            elif isinstance(readers, list) and j in readers:
-                readers.remove(j)
-                if len(readers) == 1:
-                    self._readers[t] = next(iter(readers))
-        for t in new - old:
+        added: Iterable[Token]
+        if kept is None:
+            # A judgment's first run (most of a start's): nothing to take out, nothing to compare.
+            added = self._reads[j] = tuple([tokens.setdefault(t, t) for t in reads])
+        else:
+            new = frozenset([tokens.setdefault(t, t) for t in reads])
+            old = frozenset(kept)
+            if old == new:
+                return
+            self._reads[j] = tuple(new)
+            self._unindex(j, old - new)
+            added = new - old
+        for t in added:
             readers = self._readers.get(t)
             if readers is None:
                 self._readers[t] = j
@@ -270,6 +265,22 @@ class Dispatcher:
                     readers.append(j)
                 else:
                     self._readers[t] = {*readers, j}
+
+    def _unindex(self, j: Judgment, gone: Iterable[Token]) -> None:
+        """Take a judgment out of the readers of tokens its last run no longer read."""
+        for t in gone:
+            readers = self._readers.get(t)
+            if readers == j:
+                del self._readers[t]
+                del self._tokens[t]
+            elif isinstance(readers, set):
+                readers.discard(j)
+                if len(readers) == 1:
+                    self._readers[t] = next(iter(readers))
+            elif isinstance(readers, list) and j in readers:
+                readers.remove(j)
+                if len(readers) == 1:
+                    self._readers[t] = next(iter(readers))
 
     # ---- the seat's own writes ------------------------------------------------------------------------------
 
