@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import pykka
 
@@ -30,6 +30,11 @@ from mesh_provisioner.rules.reads import Reads
 from mesh_provisioner.rules.view import View
 
 log = logging.getLogger("mesh_provisioner.actors")
+
+# Keys judged and written together at most. A provider with thousands of consumers (one mail relay for a whole mesh)
+# changes all of their keys at once; written as one batch, they held every other change's writes behind theirs on the
+# connection (a 1,860-key batch, 150 ms: docs/BENCHMARKS.md).
+BATCH: Final = 64
 
 
 class WriteResult(Protocol):
@@ -220,9 +225,13 @@ class SeatActor(pykka.ThreadingActor):
     def judge_keys(self, items: list[tuple[Judgment, float]]) -> None:
         """Judge keys again from their providers' outcomes, each written by compare-and-set (contract 5.3).
 
-        The keys are judged together and their writes made as one batch (one round trip to the bus, not one a
-        key); a key whose write did not land (it conflicted, or failed) is judged again alone.
+        The keys are judged together and their writes made in batches of `BATCH` keys (a round trip to the bus for
+        each batch, not for each key); a key whose write did not land (it conflicted, or failed) is judged again alone.
         """
+        for i in range(0, len(items), BATCH):
+            self._judge_batch(items[i:i + BATCH])
+
+    def _judge_batch(self, items: list[tuple[Judgment, float]]) -> None:
         if not items:
             return
         if len(items) == 1:

@@ -113,6 +113,35 @@ def test_a_restarted_bound_actor_judges_its_providers_keys_not_entries_no_compos
     assert_fixed_point(mesh)
 
 
+def test_keys_judged_together_are_written_in_batches_of_at_most_a_batch(
+    mesh: Bus, seats: Seats, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A provider with thousands of consumers would otherwise hold every other change's writes behind all of its own.
+    monkeypatch.setattr(base, "BATCH", 1)
+    sup = seats.start(seat_config(mesh.url, backoff_first=1.0))
+    settle(sup)
+    batches: list[int] = []
+    real = sup.apply
+
+    def recording(writes: list[Any], writers: Any) -> Any:
+        if writers and all(kind == JUDGE for kind, _ in writers.values()):
+            batches.append(len(writes))
+        return real(writes, writers)
+
+    monkeypatch.setattr(sup, "apply", recording)
+    sup.kill("bound:postgres")
+    wait_until(lambda: dead(sup, "bound:postgres"), 10, what="postgres's bound actor down")
+    # Both keys change while the actor is down: its successor judges them together, at its start.
+    for key in ("bee.webapp.postgres-database", "ace.gitea.postgres-database.main"):
+        mesh.put(bound("postgres"), key, {"state": "failed", "why": "disk full"})
+    settle(sup)
+    for key in ("bee.webapp.postgres-database", "ace.gitea.postgres-database.main"):
+        p = mesh.provision(key)
+        assert p is not None and p.state == r.FAILED, key
+    assert sum(batches) >= 2 and max(batches) == 1, batches
+    assert_fixed_point(mesh)
+
+
 def test_composing_a_node_whose_actor_is_down_does_not_stay_in_flight(mesh: Bus, seats: Seats) -> None:
     sup = seats.start(seat_config(mesh.url, backoff_first=1.0))
     settle(sup)
