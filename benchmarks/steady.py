@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import nats
@@ -61,6 +61,14 @@ class Target:
     heavy: bool = False
 
 
+FAN_OUTS: Final = ((1, "1 key"), (64, "2 to 64 keys"), (None, "more than 64 keys"))
+
+
+def fan_out(keys: int) -> str:
+    """The bucket of changes by the keys each changes (`FAN_OUTS`)."""
+    return next(name for most, name in FAN_OUTS if most is None or keys <= most)
+
+
 @dataclass
 class Load:
     """What one load run measured."""
@@ -69,6 +77,9 @@ class Load:
     samples: list[float] = field(default_factory=list)  # ms
     missed: int = 0
     by_kind: dict[str, list[float]] = field(default_factory=dict)
+    # The samples by how many keys the change that made them changed: one change of a provider with a thousand
+    # consumers is a thousand samples, the last of them as late as the seat takes to write a thousand keys.
+    by_fan_out: dict[str, list[float]] = field(default_factory=dict)
     heavy_changes: int = 0
     seconds: float = 0.0
 
@@ -162,6 +173,7 @@ class Driver:
         if self.counting:
             self.load.samples.append(ms)
             self.load.by_kind.setdefault(kind, []).append(ms)
+            self.load.by_fan_out.setdefault(fan_out(len(target.keys)), []).append(ms)
         _, left, _ = self.outstanding[id(target)]
         left.discard(key)
         if not left:
