@@ -119,10 +119,15 @@ def summary(result: steady.Load, rate: float, pools: dict[str, int]) -> dict[str
         "p50_ms": result.percentile(50), "p90_ms": result.percentile(90), "p99_ms": result.percentile(99),
         "max_ms": max(result.samples, default=float("nan")),
         "by_kind_p99_ms": {k: steady.Load(samples=v).percentile(99) for k, v in result.by_kind.items()},
-        "by_fan_out": {k: {"samples": len(v), "p50_ms": steady.Load(samples=v).percentile(50),
-                           "p99_ms": steady.Load(samples=v).percentile(99)} for k, v in result.by_fan_out.items()},
+        "by_fan_out": {k: _latency(v) for k, v in result.by_fan_out.items()},
         "samples_ms": [round(x, 3) for x in result.samples],
     }
+
+
+def _latency(samples: list[float]) -> dict[str, Any]:
+    """How many writes were timed, and their p50 and p99."""
+    load = steady.Load(samples=samples)
+    return {"writes": len(samples), "p50_ms": load.percentile(50), "p99_ms": load.percentile(99)}
 
 
 async def provision_states_of(url: str) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from benchmarks.mesh import Mesh
+from mesh_provisioner.actors.base import BATCH
 from mesh_provisioner.bus.cache import Cache
 from mesh_provisioner.contract import HAVE, PROVISIONS, WANTS, bound, bucket
 
@@ -61,11 +62,12 @@ class Target:
     heavy: bool = False
 
 
-FAN_OUTS: Final = ((1, "1 key"), (64, "2 to 64 keys"), (None, "more than 64 keys"))
+# Changes by how many keys each changes: one key, what the seat writes in one batch, more (actors/base.py `BATCH`).
+FAN_OUTS: Final = ((1, "1 key"), (BATCH, f"2 to {BATCH} keys"), (None, f"more than {BATCH} keys"))
 
 
 def fan_out(keys: int) -> str:
-    """The bucket of changes by the keys each changes (`FAN_OUTS`)."""
+    """The `FAN_OUTS` bucket of a change of `keys` keys."""
     return next(name for most, name in FAN_OUTS if most is None or keys <= most)
 
 

@@ -33,7 +33,8 @@ log = logging.getLogger("mesh_provisioner.actors")
 
 # Keys judged and written together at most. A provider with thousands of consumers (one mail relay for a whole mesh)
 # changes all of their keys at once; written as one batch, they held every other change's writes behind theirs on the
-# connection (a 1,860-key batch, 150 ms: docs/BENCHMARKS.md).
+# connection. With 64, the other changes' p99 at half saturation fell from 94 to 13 ms (one key) and 150 to 29 ms (2
+# to 64 keys), the 1,860-key change's own rose from 189 to 397 ms (docs/BENCHMARKS.md, 21).
 BATCH: Final = 64
 
 
@@ -226,14 +227,14 @@ class SeatActor(pykka.ThreadingActor):
         """Judge keys again from their providers' outcomes, each written by compare-and-set (contract 5.3).
 
         The keys are judged together and their writes made in batches of `BATCH` keys (a round trip to the bus for
-        each batch, not for each key); a key whose write did not land (it conflicted, or failed) is judged again alone.
+        each batch, not for each key); a key alone, and a key whose write did not land (it conflicted, or failed),
+        is judged alone, its write tried again on a conflict.
         """
         for i in range(0, len(items), BATCH):
             self._judge_batch(items[i:i + BATCH])
 
     def _judge_batch(self, items: list[tuple[Judgment, float]]) -> None:
-        if not items:
-            return
+        """Judge some keys and write what they judged as one batch; a run whose writes did not all land again alone."""
         if len(items) == 1:
             self._judge_alone(*items[0])
             return

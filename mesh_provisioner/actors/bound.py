@@ -1,7 +1,8 @@
 """BoundActor: one per BoundReads provider; judges again each key its provider's entries change.
 
 It owns nothing: the keys it judges are the nodes', and it writes them by compare-and-set (design.md). On start it
-judges all of them, so a restarted one recovers whatever its dead predecessor's queue held.
+judges every key its provider provides or has an entry for that is a provision, so a restarted one recovers whatever
+its dead predecessor's queue held.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ class BoundActor(SeatActor):
     def owned(self) -> list[Judgment]:
         """Every key the provider provides, or has an entry for that is a provision.
 
-        An entry for a key no composition made yet wakes nothing: that key's judgment would find no provision and
-        write nothing, and the composition that makes it starts its judgment (actors/routing.py). A cold start's
-        entries are most of the mesh's keys. A partitioned seat judges them all: a shared credential another process's
-        key depends on is made by its judgment (contract 8.1, rules/node.py `shared_credential`).
+        An entry for a key no composition made yet is left alone: that key's judgment would find no provision and
+        write nothing (5.3), and the composition that makes the key starts its judgment (actors/routing.py). At a
+        first start nearly every entry is such a key (docs/BENCHMARKS.md, 20). A partitioned seat judges them all: a
+        shared credential another process's key depends on is made by its judgment (contract 8.1, rules/node.py
+        `shared_credential`).
         """
         view = self.seat.view
         entries = view.keys(bound(self.provider))

@@ -236,7 +236,7 @@ class Dispatcher:
         self._kick_all(kicks)
 
     def _index(self, j: Judgment, reads: set[Token]) -> None:
-        """Keep a run's read set as the judgment's, and the judgment among the readers of each token in it."""
+        """Record the tokens a judgment's last run read, and add the judgment to each token's readers."""
         tokens = self._tokens
         kept = self._reads.get(j)
         added: Iterable[Token]

@@ -86,8 +86,9 @@ class Router:
         """The actor that runs a judgment a change of `state` at `key` woke.
 
         A node's composition runs at its node's actor, a look at the asker. The keys one change wakes are judged
-        together, in one batch of writes, by one actor: the provider's bound actor for its entries, else the
-        changed key's node's (a provider's have, a key whose state its dependents follow), else the key's own node.
+        together, in batches of writes (actors/base.py `BATCH`), by one actor: the provider's bound actor for its
+        entries, else the changed key's node's (a provider's have, a key whose state its dependents follow), else the
+        key's own node.
         Writes are compare-and-set, so the actor need not own them (design.md, "Parallel, not shared"); a shared
         credential's change would otherwise wake hundreds of actors for one write each.
         """
