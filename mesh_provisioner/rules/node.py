@@ -262,6 +262,10 @@ def shared_credential(view: View, key: str, writes_on: Callable[[str], bool]) ->
     """The provision a provider's shared credential is, as a key depending on it from a node this seat does not
     write says (section 4: its consumer is the provider, its provider the vault); None when no such key depends on
     it, or no node runs mesh-vault. Such a key's own composition cannot write the credential (contract 8.1)."""
+    if key.count(".") != 2 or not key.endswith(k.CREDENTIAL_SUFFIX):
+        # Not `<provider node>.<provider>.<provision>-credential` (section 4): no key depends on it as that. Said
+        # before the loop below, which a key thousands of consumers depend on would run at each of its judgments.
+        return None
     vault = vault_node(view)
     if not vault:
         return None

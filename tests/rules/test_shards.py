@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mesh_provisioner.contract import NEEDS, PLANS, PROVISIONS, REFUSED, REGISTRY, SEAT
-from mesh_provisioner.rules.keys import node_of
+from mesh_provisioner.rules.keys import CREDENTIAL_SUFFIX, node_of
 from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.node import compose_node, rejudge
-from mesh_provisioner.rules.reads import known_nodes
+from mesh_provisioner.rules.reads import Reads, known_nodes
 from mesh_provisioner.rules.settle import apply
 from mesh_provisioner.rules.shards import (
     fair_share,
@@ -189,3 +189,20 @@ def test_8_1_a_shard_held_by_a_process_not_counted_is_neither_free_nor_a_live_pr
     # rest, and counts only itself.
     take, give = rebalance(4, "a", {0: "", 1: ""}, ["a"])
     assert (take, give) == ([2, 3], [])
+
+
+def test_8_1_a_partitioned_key_judgment_reads_who_depends_on_it_only_for_a_shared_credential() -> None:
+    # Each judgment of a key thousands of consumers depend on read all of them; and what it reads wakes it (section 6):
+    # every new consumer of a provider's own needs woke those keys' judgments for nothing.
+    checked = {"credential": 0, "other": 0}
+    for seed in range(1, MESHES + 1):
+        view = expected(generate(seed).inputs, NOW)
+        for key in view.keys(PROVISIONS):
+            if not view.dependents(key):
+                continue
+            reads = Reads(view)
+            rejudge(reads, key, NOW, lambda node: False)
+            shared = key.count(".") == 2 and key.endswith(CREDENTIAL_SUFFIX)
+            assert (("dependents", key) in reads.tokens) == shared, key
+            checked["credential" if shared else "other"] += 1
+    assert all(checked.values()), f"no key of some kind had dependents: {checked}"
