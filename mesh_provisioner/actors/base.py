@@ -33,9 +33,11 @@ log = logging.getLogger("mesh_provisioner.actors")
 
 # Keys judged and written together at most. A provider with thousands of consumers (one mail relay for a whole mesh)
 # changes all of their keys at once; written as one batch, they held every other change's writes behind theirs on the
-# connection. With 64, the other changes' p99 at half saturation fell from 94 to 13 ms (one key) and 150 to 29 ms (2
-# to 64 keys), the 1,860-key change's own rose from 189 to 397 ms (docs/BENCHMARKS.md, 21).
-BATCH: Final = 64
+# connection. Each batch is a round trip the actor waits for, and waits again for the interpreter after it: batches
+# of 64 made such a change wait seconds behind busy compositions. At 256 the other changes' p99 at half saturation fell
+# from 94 to 26 ms (one key) and from 150 to 41 ms (2 to 65 keys); the 1,860-key change's rose from 189 to 299 ms
+# (docs/BENCHMARKS.md, 21).
+BATCH: Final = 256
 
 
 class WriteResult(Protocol):
