@@ -167,9 +167,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"(ratio {out['floor_ratio_vs_limit']:.2f}), {floor['cpu_us_per_write']:.1f} µs of CPU a write")
 
         # The seeds' way against the seat's, on the same mesh.
-        seat, small = cold(url, 2 if args.cold_only else baseline_nodes, args.seed)
+        small_nodes = 2 if args.cold_only else baseline_nodes
+        seat, small = cold(url, small_nodes, args.seed)
         seat.stop()
-        log(f"seat on {baseline_nodes} nodes: {small['seconds']:.2f} s, {small['writes']} writes")
+        log(f"seat on {small_nodes} nodes: {small['seconds']:.2f} s, {small['writes']} writes")
         reset(url)
         if not args.cold_only and not args.no_seed_design:
             asyncio.run(load(url, generate(baseline_nodes, args.seed)))

@@ -67,6 +67,12 @@ def closed_for_good(nc: Client) -> str:
 Callback = Callable[[], Awaitable[None]]
 
 
+# The client names of the connections that are not the seat's own (`mesh-provisioner`), as the server and the log say
+# them: one that puts a mesh's states (`load`, the demo), and one that reads the bus once (`reconcile`, `show`).
+LOAD_CONNECTION: Final = "mesh-provisioner-load"
+READ_CONNECTION: Final = "mesh-provisioner-read"
+
+
 async def connect(servers: list[str], *, client: SeatClient | None = None, **options: Any) -> SeatClient:
     """A client of the seat's own connected to `servers` that reconnects forever, logs its disconnects and tells
     its Link: `client` when given (made beforehand, so that whoever made it can close it should this not return),
@@ -87,6 +93,7 @@ async def _connect(nc: SeatClient, servers: list[str], options: dict[str, Any]) 
     theirs_closed: Callback | None = options.pop("closed_cb", None)
     theirs_error: Callable[[Exception], Awaitable[None]] | None = options.pop("error_cb", None)
     where = ", ".join(servers)
+    label = options.setdefault("name", "mesh-provisioner")  # said with its life: a process may hold several
     said = _Said()
     made = [False]  # whether it ever connected: a client that never did has no connection to close
 
@@ -105,7 +112,7 @@ async def _connect(nc: SeatClient, servers: list[str], options: dict[str, Any]) 
 
     async def closed() -> None:
         if made[0]:
-            log.info("the NATS connection is closed")
+            log.info("the NATS connection %s is closed", label)
         await tie.closed()
         if theirs_closed is not None:
             await theirs_closed()
@@ -125,7 +132,6 @@ async def _connect(nc: SeatClient, servers: list[str], options: dict[str, Any]) 
             await theirs_error(err)
 
     options.setdefault("max_reconnect_attempts", -1)
-    options.setdefault("name", "mesh-provisioner")
     await nc.connect(
         servers,
         disconnected_cb=disconnected,
@@ -135,7 +141,7 @@ async def _connect(nc: SeatClient, servers: list[str], options: dict[str, Any]) 
         **options,
     )
     made[0] = True
-    log.info("connected to NATS at %s", nc.connected_url.netloc if nc.connected_url else servers)
+    log.info("connected to NATS at %s as %s", nc.connected_url.netloc if nc.connected_url else servers, label)
 
 
 class _Said:
@@ -364,10 +370,11 @@ async def connect_config(
     return await connect(config.servers(), client=client, name=name, **connect_options(config))
 
 
-async def open_bus(config: Config, within: float, said: Callable[[str], None] | None = None) -> Client:
-    """A connection to the servers of a config (`connect_within`), to a nats-server no older than MIN_SERVER_VERSION
-    that JetStream serves; NotConnected says why not."""
-    nc = await connect_within(config.servers(), connect_options(config), within, said)
+async def open_bus(config: Config, within: float, said: Callable[[str], None] | None = None, *,
+                   name: str = "mesh-provisioner") -> Client:
+    """A connection to the servers of a config (`connect_within`), under a client name, to a nats-server no older
+    than MIN_SERVER_VERSION that JetStream serves; NotConnected says why not."""
+    nc = await connect_within(config.servers(), {**connect_options(config), "name": name}, within, said)
     info = getattr(nc, "_server_info", None) or {}
     # Host and port only: a URL may carry the credentials.
     where = f"{nc.connected_url.hostname}:{nc.connected_url.port}" if nc.connected_url else "the server"

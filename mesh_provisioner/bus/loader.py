@@ -7,7 +7,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import StreamConfig
 
-from mesh_provisioner.bus.connection import connect
+from mesh_provisioner.bus.connection import LOAD_CONNECTION, connect
 from mesh_provisioner.contract import ROUTER_STREAM, ROUTER_SUBJECTS, bucket
 
 _STREAM_NAME_IN_USE = 10058  # JSStreamNameExistErr
@@ -28,7 +28,7 @@ async def put_states(nc: Client, states: dict[str, dict[str, bytes]], *, replica
 
 async def load_states(url: str, states: dict[str, dict[str, bytes]], *, replicas: int = 1) -> int:
     """`put_states` over a connection of its own; `url` may name several servers, comma-separated."""
-    nc = await connect(url.split(","))
+    nc = await connect(url.split(","), name=LOAD_CONNECTION)
     try:
         return await put_states(nc, states, replicas=replicas)
     finally:
@@ -60,7 +60,7 @@ async def add_router_stream(nc: Client, duplicate_window: float = 24 * 3600.0, *
 
 async def router_stream(url: str, duplicate_window: float = 24 * 3600.0, *, replicas: int = 1) -> None:
     """`add_router_stream` over a connection of its own, as the demo's stand-in for the router."""
-    nc = await connect(url.split(","))
+    nc = await connect(url.split(","), name=LOAD_CONNECTION)
     try:
         await add_router_stream(nc, duplicate_window, replicas=replicas)
     finally:

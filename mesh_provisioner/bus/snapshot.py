@@ -8,7 +8,7 @@ from typing import Any
 from nats.aio.client import Client
 
 from mesh_provisioner.bus.cache import Cache
-from mesh_provisioner.bus.connection import connect
+from mesh_provisioner.bus.connection import READ_CONNECTION, connect
 from mesh_provisioner.contract import DEFAULT_BOUND_READS
 from mesh_provisioner.rules.memory_view import MemoryView
 
@@ -40,7 +40,7 @@ async def snapshot(
 
 async def snapshot_of(servers: list[str], options: dict[str, Any] | None = None, **kwargs: Any) -> MemoryView:
     """`snapshot` over a connection of its own, closed after."""
-    nc = await connect(servers, **(options or {}))
+    nc = await connect(servers, **{"name": READ_CONNECTION, **(options or {})})
     try:
         return await snapshot(nc, **kwargs)
     finally:

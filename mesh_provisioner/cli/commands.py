@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from mesh_provisioner.bus.connection import open_bus
+from mesh_provisioner.bus.connection import LOAD_CONNECTION, READ_CONNECTION, open_bus
 from mesh_provisioner.bus.embedded import EmbeddedServer
 from mesh_provisioner.bus.loader import add_router_stream, put_states
 from mesh_provisioner.bus.loop import EventLoopThread
@@ -105,7 +105,7 @@ def _holder(lease: r.Lease | None) -> str:
 def read_bus(config: Config, timeout: float, states: Sequence[str] | None = None) -> MemoryView:
     """The bus read once (its seat's states, or all it watches): connecting and reading within `timeout` each."""
     with EventLoopThread() as loop:
-        nc = loop.run(open_bus(config, timeout), timeout + config.request_timeout)
+        nc = loop.run(open_bus(config, timeout, name=READ_CONNECTION), timeout + config.request_timeout)
         try:
             return loop.run(snapshot(nc, bound_reads=config.bound_reads, states=states, timeout=timeout), timeout + 5)
         finally:
@@ -176,7 +176,7 @@ def demo(config: Config, keep: bool, stop: threading.Event) -> int:
     with EmbeddedServer() as server:
         config = msgspec.structs.replace(config, nats=server.url)
         with EventLoopThread() as loop:
-            nc = loop.run(open_bus(config, 30), 40)
+            nc = loop.run(open_bus(config, 30, name=LOAD_CONNECTION), 40)
             try:
                 loop.run(put_states(nc, mesh_of(sample_text())), 30)
                 loop.run(add_router_stream(nc), 30)
@@ -233,7 +233,7 @@ def load(config: Config, args: argparse.Namespace) -> int:
         raise Refused(f"{what}: {err}") from None
     url = ", ".join(config.servers())
     with EventLoopThread() as loop:
-        nc = loop.run(open_bus(config, args.timeout), args.timeout + config.request_timeout)
+        nc = loop.run(open_bus(config, args.timeout, name=LOAD_CONNECTION), args.timeout + config.request_timeout)
         try:
             n = loop.run(put_states(nc, states, replicas=config.replicas), 60)
             made = args.router and loop.run(add_router_stream(nc, replicas=config.replicas), 30)

@@ -10,7 +10,7 @@ from helpers import NatsServer, raw_publish, wait_until
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from mesh_provisioner.bus.connection import ensure_buckets
+from mesh_provisioner.bus.connection import LOAD_CONNECTION, connect, ensure_buckets
 from mesh_provisioner.bus.link import link
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.contract import LEASE_SECONDS, PLACEMENT, SEAT, SEAT_STATES
@@ -145,3 +145,15 @@ def test_a_request_unanswered_while_connected_is_said_as_one_of_jetstreams_on_th
     host = nats_server.url.removeprefix("nats://")
     assert said == [f"a JetStream request on {host} was not answered in time (a stream without a leader, while a "
                     "cluster elects one, answers nothing); it is made again"], said
+
+
+def test_a_connection_says_its_name_when_it_connects_and_when_it_closes(
+    loop: EventLoopThread, nats_server: NatsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A process holds several (the seat's, its lease's, a load's): the log says which one came and went.
+    with caplog.at_level(logging.INFO, logger="mesh_provisioner.bus.connection"):
+        own = loop.run(connect([nats_server.url], name=LOAD_CONNECTION), 10)
+        loop.run(own.close(), 10)
+    said = [r.getMessage() for r in caplog.records]
+    assert any(s.startswith("connected to NATS at ") and s.endswith(f" as {LOAD_CONNECTION}") for s in said), said
+    assert f"the NATS connection {LOAD_CONNECTION} is closed" in said, said
