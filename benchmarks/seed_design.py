@@ -49,7 +49,7 @@ from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Delete, Put, Write
 from mesh_provisioner.rules import keys as k
 from mesh_provisioner.rules.node import compose_node, rejudge
-from mesh_provisioner.rules.view import Entry, entry_of, group_of, kept_elsewhere, plan_provisions_of
+from mesh_provisioner.rules.view import Entry, View, entry_of, group_of, kept_elsewhere, plan_provisions_of
 
 TIMEOUT = 30.0
 
@@ -68,6 +68,10 @@ class RemoteView:
     def unrecorded(self) -> RemoteView:
         """This view: it records nothing."""
         return self
+
+    def judging(self, key: str, below: View | None = None) -> View:
+        """`below`, or this view: it records nothing."""
+        return self if below is None else below
 
     def get(self, state: str, key: str) -> Entry | None:
         """One `kv.get` on the bus."""

@@ -188,6 +188,8 @@ class Dispatcher:
             if reads is not None:
                 self._index(j, reads.tokens)
                 self._began[j] = reads.began
+                if reads.judged and run is not None:
+                    self._judged_within(j, run.actor, reads.judged, kicks)
             if run is None:
                 return
             if reads is None or run.again or self._missed(j, reads):
@@ -195,6 +197,29 @@ class Dispatcher:
             if not self._running:
                 self._last.clear()
         self._kick_all(kicks)
+
+    def _judged_within(self, j: Judgment, actor: str, judged: Mapping[str, Reads], kicks: list[str]) -> None:
+        """The keys a composition `j` judged at `actor`, each as its own judgment would (rules/reads.py `judging`).
+
+        Each keeps that read set, and is not judged again only to learn it. One queued meanwhile leaves the queue
+        when nothing it read changed after it read it but by `j`'s own writes, which it read as written; one that
+        missed a change is queued there. One running elsewhere keeps the read set its own run ends with.
+        """
+        for key, reads in judged.items():
+            kj = (JUDGE, key)
+            if kj in self._running:
+                continue
+            self._index(kj, reads.tokens)
+            self._began[kj] = reads.began
+            missed = any(kept[0] > reads.began and kept[1] != j
+                         for kept in map(self._last.get, reads.tokens) if kept is not None)
+            queued = self._queued.get(kj)
+            if missed:
+                if queued is None:
+                    self._queue(kj, actor, 0.0, kicks)
+            elif queued is not None:
+                del self._queued[kj]
+                del self._pending[queued][kj]
 
     def _prune(self, count: int) -> None:
         """Forget the changes no run under way can have missed: those counted before the oldest began reading."""

@@ -13,7 +13,15 @@ from collections.abc import Iterable, Iterator
 from mesh_provisioner.contract import BUILDS, DEFAULT_BOUND_READS, HAVE, MANIFESTS, MODULES, PLANS, PROVISIONS, WANTS
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules import keys as k
-from mesh_provisioner.rules.view import Entry, entry_of, group_of, kept_elsewhere, plan_provisions_of, trunk_manifest
+from mesh_provisioner.rules.view import (
+    Entry,
+    View,
+    entry_of,
+    group_of,
+    kept_elsewhere,
+    plan_provisions_of,
+    trunk_manifest,
+)
 
 
 class MemoryView:
@@ -83,6 +91,10 @@ class MemoryView:
     def unrecorded(self) -> MemoryView:
         """This view: it records nothing."""
         return self
+
+    def judging(self, key: str, below: View | None = None) -> View:
+        """`below`, or this view: it records nothing."""
+        return self if below is None else below
 
     def judged_on(self, node: str) -> list[str]:
         """The provision keys a node's composition judges: all of the node's but the shared credentials that other

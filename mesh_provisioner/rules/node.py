@@ -192,7 +192,7 @@ def compose_node(view: View, node: str, now: datetime, writes_on: Callable[[str]
                 elif writes_on is None or writes_on(cnode):
                     elsewhere[cred] = credential
     _judge_elsewhere(writes, elsewhere, now, out)
-    _judge_node(writes, node, needed, held_at_wants, now, out)
+    _judge_node(writes, node, needed, held_at_wants, now, out, writes_on)
     return Result(out, writes.done(first_node=node))
 
 
@@ -262,9 +262,8 @@ def shared_credential(view: View, key: str, writes_on: Callable[[str], bool]) ->
     """The provision a provider's shared credential is, as a key depending on it from a node this seat does not
     write says (section 4: its consumer is the provider, its provider the vault); None when no such key depends on
     it, or no node runs mesh-vault. Such a key's own composition cannot write the credential (contract 8.1)."""
-    if key.count(".") != 2 or not key.endswith(k.CREDENTIAL_SUFFIX):
-        # Not `<provider node>.<provider>.<provision>-credential` (section 4): no key depends on it as that. Said
-        # before the loop below, which a key thousands of consumers depend on would run at each of its judgments.
+    if not _shaped_shared(key):
+        # Said before the loop below, which a key thousands of consumers depend on would run at each of its judgments.
         return None
     vault = vault_node(view)
     if not vault:
@@ -284,6 +283,12 @@ def shared_credential(view: View, key: str, writes_on: Callable[[str], bool]) ->
     return None
 
 
+def _shaped_shared(key: str) -> bool:
+    """Whether a key has the form of a provider's shared credential, `<provider node>.<provider>.<provision>-credential`
+    (section 4): only such a key may be one another key depends on as that."""
+    return key.count(".") == 2 and key.endswith(k.CREDENTIAL_SUFFIX)
+
+
 def _judge_node(
     writes: Writes,
     node: str,
@@ -291,12 +296,16 @@ def _judge_node(
     held_modules: dict[str, str],
     now: datetime,
     out: r.Composed,
+    writes_on: Callable[[str], bool] | None,
 ) -> None:
     """Bring the node's keys to what is needed and what each provider said; retire the rest, asking first."""
     view = writes.view
-    # What a key's provider says of it is read, not recorded: the key's own judgment reads it and keeps the key's
-    # state (5.3, `rejudge`), so a provider's have or want changing wakes that key's judgment, not every composition
-    # of a node whose keys it provides. The composition still writes what it finds.
+    # What a key's provider says of it is read, not recorded as the composition's: the key's own judgment reads it
+    # and keeps the key's state (5.3, `rejudge`), so a provider's have or want changing wakes that key's judgment, not
+    # every composition of a node whose keys it provides. The composition still writes what it finds, and its run
+    # keeps what the key's judgment read (`judging`): after the composition's writes, `rejudge` reads the same. Not so
+    # for a partitioned seat's key of a shared credential's form, which `rejudge` may judge from the keys depending
+    # on it (`shared_credential`): that key's judgment records its own reads.
     judged = view.unrecorded()
     kept: dict[str, r.Provision] = {}
     for key in view.judged_on(node):
@@ -323,7 +332,8 @@ def _judge_node(
             nxt = needed[key]
             if have is not None:
                 nxt = msgspec.structs.replace(nxt, reference=have.reference)
-            nxt = outcome(judged, key, nxt)
+            alone = writes_on is None or not _shaped_shared(key)
+            nxt = outcome(view.judging(key) if alone else judged, key, nxt)
         elif have is not None and have.state == r.RETIRING:
             nxt = have
             if not nxt.ask and nxt.warrant is None:

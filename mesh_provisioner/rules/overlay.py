@@ -26,6 +26,10 @@ class Overlay:
         quiet._over = self._over
         return quiet
 
+    def judging(self, key: str, below: View | None = None) -> View:
+        """One key's judgment reading these writes over the view below (rules/view.py `judging`)."""
+        return self.base.judging(key, self.unrecorded() if below is None else below)
+
     def lay(self, state: str, key: str, raw: bytes | None) -> None:
         """Lay a write over the view: a value, or None for a delete."""
         self._over[(state, key)] = None if raw is None else entry_of(state, key, raw, 0)

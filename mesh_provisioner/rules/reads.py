@@ -54,6 +54,9 @@ class Reads:
     change counted up to it is in what the run read. Given `changes` (that count, read now), each token also keeps
     the count at its first read (`read_at`): a change counted up to it is in what the run read of that token, so a
     change that lands during a run but before the run looked is not taken for one it missed.
+
+    A composition's run also records, in `judged`, each key it judged as that key's own judgment (`rejudge`) would
+    read it: the key's read set, so that the key need not be judged again only to learn what it reads.
     """
 
     def __init__(self, base: View, began: int = 0, changes: Callable[[], int] | None = None) -> None:
@@ -61,6 +64,7 @@ class Reads:
         self.bound_reads = base.bound_reads
         self.began = began
         self.tokens: set[Token] = set()
+        self.judged: dict[str, Reads] = {}
         self._changes = changes
         self._first: dict[Token, int] = {}
 
@@ -78,7 +82,11 @@ class Reads:
 
     def get(self, state: str, key: str) -> Entry | None:
         """The entry at a key; recorded."""
-        self._read("get", state, key)
+        t = ("get", state, key)  # `_read` inlined: the read judgments make most
+        if t not in self.tokens:
+            self.tokens.add(t)
+            if self._changes is not None:
+                self._first[t] = self._changes()
         return self.base.get(state, key)
 
     def keys(self, state: str, node: str | None = None) -> Iterable[str]:
@@ -124,6 +132,15 @@ class Reads:
     def unrecorded(self) -> View:
         """The view below: what is read through it is not in this judgment's read set."""
         return self.base.unrecorded()
+
+    def judging(self, key: str, below: View | None = None) -> Reads:
+        """A run of one key's judgment within this one, reading `below` (default the view below, unrecorded): kept in
+        `judged`, its read set that of `rejudge(key)`, which reads the key's own value first. Its reads count from now,
+        its tokens' first reads not kept (`read_at` answers when it began): a change during it is taken as missed."""
+        began = self._changes() if self._changes is not None else self.began
+        run = self.judged[key] = Reads(self.base.unrecorded() if below is None else below, began)
+        run.get(PROVISIONS, key)
+        return run
 
     def judged_on(self, node: str) -> list[str]:
         """The provision keys a node's composition judges; recorded as that list, not as the node's keys."""

@@ -142,6 +142,11 @@ class View(Protocol):
         judgment reads and answers for (a key's outcome, which the key's own judgment keeps)."""
         ...
 
+    def judging(self, key: str, below: View | None = None) -> View:
+        """The view one key's judgment reads within a composition (`below`, default this view unrecorded): what is
+        read through it is recorded as that key's own judgment's read set (rules/reads.py), not the composition's."""
+        ...
+
     def needing(self, provision: str) -> set[str]:
         """Every node with a plan that names a provision."""
         ...

@@ -163,3 +163,35 @@ def test_never_two_workers_on_one_judgment() -> None:
     assert d.take("node:ace") == []
     d.done(KEY, Reads(MemoryView()))
     assert [j for j, _ in d.take("bound:postgres")] == [KEY]
+
+
+def _composed(d: Dispatcher, began: int, key_reads: set[tuple[str, ...]], key_began: int) -> None:
+    """End the node's composition, which judged KEY within it reading `key_reads` from change `key_began` on."""
+    r = Reads(MemoryView(), began)
+    r.tokens.add(A)
+    within = r.judged[KEY[1]] = Reads(MemoryView(), key_began)
+    within.tokens |= key_reads
+    d.done(ACE, r)
+
+
+def test_a_key_judged_within_its_nodes_composition_keeps_that_read_set_and_is_not_judged_again_for_it() -> None:
+    d = Dispatcher(Ticks())
+    d.add([ACE], "node:ace")
+    d.take("node:ace")
+    d.writing({("s", "b"): ACE})
+    d.changed({B}, route, writers=d.writers("s", "b"), count=1)  # the composition's own write of what the key read
+    d.add([KEY], route)  # the key is new: the change that made it starts its judgment (actors/routing.py)
+    d.written({("s", "b"): ACE})
+    _composed(d, 0, {B}, 0)
+    assert d.idle(), "the key's judgment learnt nothing a run would: it left the queue"
+    d.changed({B}, route, count=2)  # another's change of what the key read
+    assert [j for j, _ in d.take("node:ace")] == [KEY], "the read set kept from the composition wakes the key"
+
+
+def test_a_key_judged_within_a_composition_that_missed_a_change_is_judged_again() -> None:
+    d = Dispatcher(Ticks())
+    d.add([ACE], "node:ace")
+    d.take("node:ace")
+    d.changed({B}, route, count=2)  # another's change, after the key was judged at 1: the key's read set is unknown yet
+    _composed(d, 0, {B}, 1)
+    assert [j for j, _ in d.take("node:ace")] == [KEY]
