@@ -108,11 +108,19 @@ async def first_values(
     is of revision `last` or later (the key written last holds it, or a newer value). The load ends there.
     nats-py's marker (None) that says they have all come may come before them (it races the consumer's first
     deliveries), and a consumer on a cluster's server that is catching up says nothing is pending before it has
-    them: neither ends the load, but of a bucket that held nothing. Values ignored as loaded would be lost for
+    them: neither ends the load. Values ignored as loaded would be lost for
     good: the cache's floor drops them. Should nothing come for `load_timeout` s after a value with nothing
     pending (the stream's last message removed by hand), what came is taken as the bucket. (The wait for a value
     ends after seven eighths of `load_timeout` at least: the deadline is moved on that often, not at each value.)
+
+    A bucket that held nothing (`messages` 0) has nothing to load: what is written to it once the watch started
+    comes as its changes. Its load does not wait for the marker, which may never come: nats-py counts an idle
+    heartbeat of the watch's consumer as a delivered value, and puts no marker when one came before the consumer's
+    info (`WATCH_HEARTBEAT` is a quarter of a second: starting on a 1,000-node mesh, an empty bucket's load then
+    waited the whole `load_timeout`, failed, and was made again).
     """
+    if not messages:
+        return {}
     snapshot: dict[str, KeyValue.Entry] = {}
     stretch = Stretch()
     quiet = False
@@ -134,8 +142,6 @@ async def first_values(
                     deadline.reschedule(now + load_timeout)
                     moved = now
                 if update is None:
-                    if not messages:
-                        break  # an empty bucket: the watch's marker is all there is
                     continue
                 snapshot[update.key] = update
                 if (update.revision or 0) >= last:

@@ -159,3 +159,44 @@ def test_a_watch_that_fails_to_start_is_started_again(
         assert list(cache.view.keys(STATE)) == [KEYS[0]]
     finally:
         loop.run(cache.stop(), 10)
+
+
+class Markerless(MarkerFirst):
+    """A real watch whose marker never comes, as nats-py's when an idle heartbeat of its consumer came before the
+    consumer's info: it counts the heartbeat as a value delivered, and so never says that all of them came."""
+
+    async def __anext__(self) -> Any:
+        while True:
+            update = await self.real.__anext__()  # type: ignore[no-untyped-call]
+            if update is not None:
+                return update
+
+
+@pytest.fixture
+def markerless(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = KeyValue.watchall
+
+    async def watchall(self: KeyValue, **kwargs: Any) -> Any:
+        return Markerless(await real(self, **kwargs))
+
+    monkeypatch.setattr(KeyValue, "watchall", watchall)
+
+
+def test_an_empty_bucket_loads_without_waiting_for_a_marker_that_may_never_come(
+    markerless: None, loop: EventLoopThread, nc: Client, other: Client, nats_server: NatsServer
+) -> None:
+    seed_buckets(nats_server.url, [STATE])
+    cache = Cache(nc, states=[STATE], load_timeout=60)
+    loop.run(cache.start(), 10)
+    try:
+        loop.run(asyncio.wait_for(cache.wait_synced(), 5), 10)
+        assert list(cache.view.keys(STATE)) == []
+
+        async def put() -> None:
+            kv = await other.jetstream().key_value(bucket(STATE))
+            await kv.put(KEYS[0], b'{"state": "provided"}')
+
+        loop.run(put(), 10)  # written once the watch follows: it comes as a change
+        wait_until(lambda: list(cache.view.keys(STATE)) == [KEYS[0]], 5, what="the key written after the load")
+    finally:
+        loop.run(cache.stop(), 10)
