@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import wait_until
 from running import ROOT, run_faults
 
 from faults.mesh import Router
@@ -109,5 +110,7 @@ def test_the_streams_router_decides_each_ask_once_reading_only_what_came_since(t
     msg_id, ask = asks[0]
     bus.publish("asks.ask.mesh-provisioner", json.dumps({"id": ask.id, "about": ask.about}).encode(),
                 headers={"Nats-Msg-Id": msg_id + "-again"})
+    # A core publish is flushed to the server, which stores it in the stream after: the router reads the stream.
+    wait_until(lambda: bus.asks_since(read), 10, what="the ask published again, in the router's stream")
     router.decide()
     assert router.read > read and bus.get(ASK_RECORDS, msg_id + "-again") is not None
