@@ -2,7 +2,7 @@
 
 `python -m benchmarks.seat_proc URL [--max-parallel P]` starts `Runtime.start(Config(nats=URL, ...))`, waits
 for `wait_settled`, and prints one JSON line: the seconds from the start call to settled, the writes the seat made,
-the keys in its cache, and the process's peak RSS so far (`resource.getrusage`). Then each line it reads is a
+the keys in its cache, and the process's peak RSS so far (`VmHWM`). Then each line it reads is a
 command: `settle` (wait until settled again and print the same figures), `stop` (stop the seat, print, exit).
 
 With `--shards S` it is one process of a partitioned seat (contract 8.1): it runs as `serve` does (`Seat`, its shard
@@ -41,8 +41,16 @@ def rss_now() -> int:
 
 
 def peak_rss() -> int:
-    """The process's peak resident set size so far, in bytes (Linux reports kibibytes)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """The process's peak resident set size so far, in bytes (Linux: `VmHWM` of /proc/self/status, in kibibytes).
+
+    Not getrusage's `ru_maxrss`: Linux keeps in it the peak of the image the process was started from, before its
+    exec. A seat process started by a benchmark that held 262 MiB said 262 MiB, whatever it held itself.
+    """
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/self/status has no VmHWM")
 
 
 def figures(sup: Runtime, seconds: float, settled: bool) -> dict[str, Any]:

@@ -70,3 +70,16 @@ def test_a_benchmark_stopped_by_sigterm_stops_the_server_it_started(tmp_path: Pa
     finally:
         run.kill()
         run.wait()
+
+
+def test_a_seat_process_peak_rss_is_its_own_not_that_of_the_process_that_started_it() -> None:
+    # Linux keeps in getrusage's ru_maxrss the peak of the image a process was started from: a seat process started
+    # by a benchmark holding 262 MiB said 262 MiB, whatever it held itself.
+    held = bytearray(256 * 2**20)
+    held[:: 4096] = b"x" * len(held[:: 4096])  # every page touched: resident
+    child = subprocess.run(
+        [sys.executable, "-c", "from benchmarks.seat_proc import peak_rss; print(peak_rss())"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+    )
+    assert int(child.stdout) < len(held) / 2, f"the child's peak {int(child.stdout)} is the parent's"
+    del held
