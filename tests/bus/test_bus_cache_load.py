@@ -63,24 +63,24 @@ class BehindFirst(MarkerFirst):
         return update
 
 
-@pytest.fixture
-def racing(monkeypatch: pytest.MonkeyPatch) -> None:
+def watches_as(monkeypatch: pytest.MonkeyPatch, kind: type[MarkerFirst]) -> None:
+    """Every key-value watch made from now on is a real one seen through `kind`."""
     real = KeyValue.watchall
 
     async def watchall(self: KeyValue, **kwargs: Any) -> Any:
-        return MarkerFirst(await real(self, **kwargs))
+        return kind(await real(self, **kwargs))
 
     monkeypatch.setattr(KeyValue, "watchall", watchall)
+
+
+@pytest.fixture
+def racing(monkeypatch: pytest.MonkeyPatch) -> None:
+    watches_as(monkeypatch, MarkerFirst)
 
 
 @pytest.fixture
 def behind(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = KeyValue.watchall
-
-    async def watchall(self: KeyValue, **kwargs: Any) -> Any:
-        return BehindFirst(await real(self, **kwargs))
-
-    monkeypatch.setattr(KeyValue, "watchall", watchall)
+    watches_as(monkeypatch, BehindFirst)
 
 
 @pytest.mark.parametrize("watch", ["racing", "behind"])
@@ -174,12 +174,7 @@ class Markerless(MarkerFirst):
 
 @pytest.fixture
 def markerless(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = KeyValue.watchall
-
-    async def watchall(self: KeyValue, **kwargs: Any) -> Any:
-        return Markerless(await real(self, **kwargs))
-
-    monkeypatch.setattr(KeyValue, "watchall", watchall)
+    watches_as(monkeypatch, Markerless)
 
 
 def test_an_empty_bucket_loads_without_waiting_for_a_marker_that_may_never_come(
