@@ -21,6 +21,7 @@ from mesh_provisioner.messages.protocol import ComposeNode
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.rules.keys import node_of
 from mesh_provisioner.rules.node import compose_node
+from mesh_provisioner.rules.reads import Reads
 from mesh_provisioner.rules.view import View
 from mesh_provisioner.rules.writing import provision_of
 
@@ -89,7 +90,12 @@ class NodeActor(SeatActor):
         except BaseException:
             self.seat.dispatcher.done(j, None)  # failed: queued again, its change not lost
             raise
-        self.seat.dispatcher.done(j, last[0])
+        reads: Reads = last[0]
+        if why:
+            # Not all its writes landed: a key it judged may not say what it judged, and the key's own judgment, queued
+            # or not, must run (the read sets kept from the composition would take it out of the queue).
+            reads.judged.clear()
+        self.seat.dispatcher.done(j, reads)
         self.compositions += 1
         self.seat.metrics.compositions.inc()
         composed: r.Composed = last[1]

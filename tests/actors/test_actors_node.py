@@ -255,3 +255,32 @@ def test_a_wake_for_a_change_the_last_composition_had_read_composes_nothing_agai
         held = mesh.refusal(f"bee.{module}")
         assert held is not None and fp in held.why, held
     assert_fixed_point(mesh)
+
+
+def test_a_composition_whose_writes_did_not_land_leaves_its_keys_to_their_own_judgments(
+    sup: Runtime, mesh: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A composition keeps each key's read set and takes the key's queued judgment out of the queue (actors/dispatch.py
+    # `_judged_within`): sound only once its writes landed. Refused, the keys may not say what it judged.
+    _place_notifier(mesh)
+    settle(sup)
+    kept: list[dict[str, object]] = []
+    real = sup.dispatcher.done
+
+    def done(j: tuple[str, str], reads: object) -> None:
+        if j == ("compose", "bee") and reads is not None:
+            kept.append(dict(reads.judged))  # type: ignore[attr-defined]
+        real(j, reads)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sup.dispatcher, "done", done)
+    sup.store.guard = lambda w: "refused by the test" if w.state == PROVISIONS and w.key == NOTE else ""
+    mesh.put(PLACEMENT, "bee", {"node": "bee", "modules": [{"module": m} for m in ("webapp", "reports", "mailer",
+                                                                                      "notifier")]})
+    wait_until(lambda: kept, 10, what="bee composed with its write refused")
+    assert mesh.provision(NOTE) is None
+    assert all(not judged for judged in kept), "a composition whose write was refused kept its keys' read sets"
+    sup.store.guard = None
+    sup.compose("bee").get(timeout=10)
+    settle(sup)
+    assert any(kept[-1]), "a composition whose writes landed keeps its keys' read sets"
+    assert_fixed_point(mesh)
