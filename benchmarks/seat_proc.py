@@ -2,8 +2,8 @@
 
 `python -m benchmarks.seat_proc URL [--max-parallel P]` starts `Runtime.start(Config(nats=URL, ...))`, waits
 for `wait_settled`, and prints one JSON line: the seconds from the start call to settled, the writes the seat made,
-the keys in its cache, and the process's peak RSS so far (`VmHWM`). Then each line it reads is a
-command: `settle` (wait until settled again and print the same figures), `stop` (stop the seat, print, exit).
+the keys in its cache, and the process's peak RSS so far (`VmHWM`). Then each line it reads is a command: `settle`
+(wait until settled again and print the same figures), `stop` (stop the seat, print, exit).
 
 With `--shards S` it is one process of a partitioned seat (contract 8.1): it runs as `serve` does (`Seat`, its shard
 leases taken, renewed and rebalanced), and its figures are those of the runtime while it holds shards.
@@ -43,8 +43,8 @@ def rss_now() -> int:
 def peak_rss() -> int:
     """The process's peak resident set size so far, in bytes (Linux: `VmHWM` of /proc/self/status, in kibibytes).
 
-    Not getrusage's `ru_maxrss`: Linux keeps in it the peak of the image the process was started from, before its
-    exec. A seat process started by a benchmark that held 262 MiB said 262 MiB, whatever it held itself.
+    Not getrusage's `ru_maxrss`: Linux carries into it, over the fork and exec that started the process, the peak
+    of its parent's memory. A seat process started by a benchmark that held 262 MiB said 262 MiB, whatever it held.
     """
     with open("/proc/self/status") as f:
         for line in f:

@@ -70,7 +70,7 @@ class RemoteView:
         return self
 
     def judging(self, key: str, below: View | None = None) -> View:
-        """`below`, or this view: it records nothing."""
+        """The view a key's judgment reads within a composition: `below`, or this view (it records nothing)."""
         return self if below is None else below
 
     def get(self, state: str, key: str) -> Entry | None:

@@ -1,8 +1,9 @@
 """The dispatcher: turns each change of the bus into the judgments whose last reads it touched, and queues them.
 
 A judgment is `(kind, subject)`: a node's composition, a key's judgment or a retiring key's look at its ask. The
-dispatcher keeps each one's read set from its last run (rules/reads.py) and an index from each token to the
-judgments that read it; a change wakes exactly those (contract section 6's rule, by construction).
+dispatcher keeps each one's read set from its last run (rules/reads.py; a key's, from its own run or from the
+composition that last judged it) and an index from each token to the judgments that read it; a change wakes exactly
+those (contract section 6's rule, by construction).
 
 It is also the one work queue of the seat, as controller-runtime's workqueue is of a controller: one entry per
 judgment, coalesced (ten wakes while it waits give one run), never two workers on one judgment, and no wake lost: a
@@ -180,7 +181,8 @@ class Dispatcher:
     def done(self, j: Judgment, reads: Reads | None) -> None:
         """A run ended with what it read; None: it failed, and is queued again (its last read set stays).
 
-        Queued again at once too when something it read changed after it began reading, or it was asked for again.
+        Queued again at once too when something it read changed after it began reading, or it was asked for again. A
+        composition's run also gives the keys it judged their read sets (`_judged_within`).
         """
         kicks: list[str] = []
         with self._lock:
@@ -199,11 +201,13 @@ class Dispatcher:
         self._kick_all(kicks)
 
     def _judged_within(self, j: Judgment, actor: str, judged: Mapping[str, Reads], kicks: list[str]) -> None:
-        """The keys a composition `j` judged at `actor`, each as its own judgment would (rules/reads.py `judging`).
+        """Give the keys a composition `j` (run at `actor`) judged the read sets it kept for them, and drop or queue
+        each key's judgment (rules/reads.py `judging`; the composition's writes all landed, actors/node.py).
 
-        Each keeps that read set, and is not judged again only to learn it. One queued meanwhile leaves the queue
-        when nothing it read changed after it read it but by `j`'s own writes, which it read as written; one that
-        missed a change is queued there. One running elsewhere keeps the read set its own run ends with.
+        Each key keeps that read set, and is not judged again only to learn it. One queued meanwhile leaves the queue
+        when nothing it read changed after it read it but by `j`'s own writes, which it read as written (its first
+        wake is then not timed: the composition's writes were); one that missed a change is queued there. One
+        running elsewhere keeps the read set its own run ends with.
         """
         for key, reads in judged.items():
             kj = (JUDGE, key)
@@ -211,10 +215,8 @@ class Dispatcher:
                 continue
             self._index(kj, reads.tokens)
             self._began[kj] = reads.began
-            missed = any(kept[0] > reads.began and kept[1] != j
-                         for kept in map(self._last.get, reads.tokens) if kept is not None)
             queued = self._queued.get(kj)
-            if missed:
+            if self._missed(j, reads):
                 if queued is None:
                     self._queue(kj, actor, 0.0, kicks)
             elif queued is not None:

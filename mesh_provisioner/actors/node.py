@@ -92,8 +92,8 @@ class NodeActor(SeatActor):
             raise
         reads: Reads = last[0]
         if why:
-            # Not all its writes landed: a key it judged may not say what it judged, and the key's own judgment, queued
-            # or not, must run (the read sets kept from the composition would take it out of the queue).
+            # Not all its writes landed: a key it judged may not say what it judged. The key's own judgment, if it
+            # waits, runs (the read sets kept from the composition would take it out of the queue, actors/dispatch.py).
             reads.judged.clear()
         self.seat.dispatcher.done(j, reads)
         self.compositions += 1

@@ -110,8 +110,8 @@ async def first_values(
     deliveries), and a consumer on a cluster's server that is catching up says nothing is pending before it has
     them: neither ends the load. Values ignored as loaded would be lost for
     good: the cache's floor drops them. Should nothing come for `load_timeout` s after a value with nothing
-    pending (the stream's last message removed by hand), what came is taken as the bucket. (The wait for a value
-    ends after seven eighths of `load_timeout` at least: the deadline is moved on that often, not at each value.)
+    pending (the stream's last message removed by hand), what came is taken as the bucket. (A value is waited for
+    seven eighths of `load_timeout` at least, all of it at most: the deadline is moved on that often, not at each.)
 
     A bucket that held nothing (`messages` 0) has nothing to load: what is written to it once the watch started
     comes as its changes. Its load does not wait for the marker, which may never come: nats-py counts an idle

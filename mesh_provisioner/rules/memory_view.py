@@ -93,7 +93,7 @@ class MemoryView:
         return self
 
     def judging(self, key: str, below: View | None = None) -> View:
-        """`below`, or this view: it records nothing."""
+        """The view a key's judgment reads within a composition: `below`, or this view (it records nothing)."""
         return self if below is None else below
 
     def judged_on(self, node: str) -> list[str]:

@@ -27,7 +27,8 @@ class Overlay:
         return quiet
 
     def judging(self, key: str, below: View | None = None) -> View:
-        """One key's judgment reading these writes over the view below (rules/view.py `judging`)."""
+        """The view a key's judgment reads within a composition: these writes over the view below, recorded as the
+        key's own (rules/view.py `judging`)."""
         return self.base.judging(key, self.unrecorded() if below is None else below)
 
     def lay(self, state: str, key: str, raw: bytes | None) -> None:

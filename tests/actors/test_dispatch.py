@@ -195,3 +195,27 @@ def test_a_key_judged_within_a_composition_that_missed_a_change_is_judged_again(
     d.changed({B}, route, count=2)  # another's change, after the key was judged at 1: the key's read set is unknown yet
     _composed(d, 0, {B}, 1)
     assert [j for j, _ in d.take("node:ace")] == [KEY]
+
+
+def test_a_key_judged_within_a_composition_while_its_own_judgment_runs_is_left_to_that_run() -> None:
+    d = Dispatcher(Ticks())
+    d.add([ACE], "node:ace")
+    d.add([KEY], "bound:postgres")
+    d.take("node:ace")
+    d.take("bound:postgres")  # the key's judgment runs at its provider's actor meanwhile
+    d.changed({B}, route, count=2)  # both runs read b before this change
+    _composed(d, 0, {B}, 1)
+    assert d.take("node:ace") == [], "a judgment that runs is not queued a second time"
+    r = Reads(MemoryView(), 1)
+    r.tokens.add(B)
+    d.done(KEY, r)  # its own run ends: it missed the change, and runs again where it ran
+    assert [j for j, _ in d.take("bound:postgres")] == [KEY]
+
+
+def test_a_key_judged_within_a_composition_leaves_the_queue_of_whichever_actor_it_waited_at() -> None:
+    d = Dispatcher(Ticks())
+    d.add([ACE], "node:ace")
+    d.take("node:ace")
+    d.add([KEY], "bound:postgres")  # its provider's word, before the composition read it
+    _composed(d, 0, {B}, 1)
+    assert d.take("bound:postgres") == [] and d.idle()

@@ -61,4 +61,3 @@ def test_6_a_key_judged_in_its_nodes_composition_keeps_what_its_own_judgment_rea
             failed += [f"seed {seed}{' partitioned' if partitioned else ''}: {s}" for s in said]
     assert checked > MESHES, f"only {checked} keys were judged within compositions"
     assert not failed, f"{len(failed)} key(s):\n" + "\n".join(failed[:20])
-
