@@ -69,7 +69,10 @@ class Reads:
         self._first: dict[Token, int] = {}
 
     def _read(self, *parts: str) -> None:
-        t = parts
+        self._note(parts)
+
+    def _note(self, t: Token) -> None:
+        """Record one token, and the change count at its first read."""
         if t in self.tokens:
             return
         self.tokens.add(t)
@@ -82,11 +85,7 @@ class Reads:
 
     def get(self, state: str, key: str) -> Entry | None:
         """The entry at a key; recorded."""
-        t = ("get", state, key)  # `_read` inlined: the read judgments make most
-        if t not in self.tokens:
-            self.tokens.add(t)
-            if self._changes is not None:
-                self._first[t] = self._changes()
+        self._note(("get", state, key))  # the read judgments make most: its token built here, not from `*parts`
         return self.base.get(state, key)
 
     def keys(self, state: str, node: str | None = None) -> Iterable[str]:
