@@ -186,7 +186,11 @@ class Seat:
             if not announced:
                 log.info("%s", self.lease.waiting_for())
                 announced = True
-            stop.wait(every)
+            # A partitioned seat's shards freed meanwhile are taken as they are freed (bus/shards.py `_follow`):
+            # whether it holds any is looked at often, the bus asked every `every`.
+            for _ in range(max(1, round(every / WATCH_EVERY))):
+                if stop.wait(WATCH_EVERY) or self.lease.held:
+                    break
             waited += every
         return False
 

@@ -4,7 +4,9 @@ Each shard's lease is the seat's lease (bus/lease.py) for the nodes of one shard
 compare-and-set a quarter of the lease time apart, aged out by the bucket when its holder stops, deleted on a
 clean exit or when it is given to a process that joined. A process announces itself under `member.<holder>` first,
 so that the others count it live before it holds anything, and takes free shards up to its fair share of the live
-processes (rules/shards.py): NATS KV is the coordinator, there is none of our own.
+processes (rules/shards.py): NATS KV is the coordinator, there is none of our own. It looks at the bucket on a timer
+(a lease that ages out says nothing on the bus) and follows it with a watch, so that a process joining or leaving
+cleanly, or a shard given back, moves the shares at once.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ import msgspec
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
-from nats.js.kv import KeyValue
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from mesh_provisioner.bus.lease import SAFETY, SeatLease, described, read_leases, renew_key
-from mesh_provisioner.contract import HOLDER_KEY, LEASE_SECONDS, MEMBER_KEY_PREFIX, SHARD_KEY_PREFIX
+from mesh_provisioner.bus.connection import stream_of
+from mesh_provisioner.bus.lease import ATTEMPT, SAFETY, SeatLease, described, read_leases, renew_key
+from mesh_provisioner.bus.watch import drop_watch
+from mesh_provisioner.contract import HOLDER_KEY, LEASE_SECONDS, MEMBER_KEY_PREFIX, SEAT, SHARD_KEY_PREFIX
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Write
 from mesh_provisioner.rules.shards import member_key, parse_shard_key, rebalance, shard_key, shard_of, shard_of_write
@@ -43,6 +47,9 @@ class ShardLeases(SeatLease):
         self._renewed: dict[int, float] = {}  # each shard held: when its lease was last written
         # Shards given back whose keys wait for the writes in flight under them (`_hand_over`), by shard.
         self._handing: dict[int, asyncio.Task[None]] = {}
+        self._rebalancing = asyncio.Lock()  # one rebalance at a time: a look's, or one the bucket's watch asked for
+        self._following: asyncio.Task[None] | None = None  # the watch of the bucket (`_follow`), from the first take
+        self._members: set[str] = set()  # the other processes the watch has seen announced
 
     def record(self) -> r.Lease:
         """The lease record this process writes, with the shard count it runs with (8.1: the same for every process)."""
@@ -59,7 +66,8 @@ class ShardLeases(SeatLease):
     @property
     def renew_every(self) -> float:
         """How often the shards are looked at: each renewed when due (a quarter of the lease time), and free ones
-        taken, or ones past the fair share given back, within a second of a process leaving or joining."""
+        taken, or ones past the fair share given back, within a second of a process leaving or joining (at once when
+        it announced itself or left cleanly: `_follow`)."""
         return min(self.seconds / 5, 1.0)
 
     @property
@@ -111,9 +119,12 @@ class ShardLeases(SeatLease):
     # ---- taking, renewing, giving back ----------------------------------------------------------------------
 
     async def take(self) -> bool:
-        """Announce this process, then take free shards up to its fair share; answers whether it holds any."""
+        """Announce this process, then take free shards up to its fair share; answers whether it holds any. From the
+        first take on, the bucket is followed (`_follow`): shards freed later are taken as they are freed."""
         kv = await self._bucket()
         await self._announce(kv)
+        if self._following is None:
+            self._following = asyncio.create_task(self._follow(kv), name="follow the shard leases")
         await self._rebalance(kv)
         return self.held
 
@@ -166,6 +177,10 @@ class ShardLeases(SeatLease):
 
     async def give_back(self) -> None:
         """Delete every shard lease and the member key of this process (a clean exit): others take them at once."""
+        following, self._following = self._following, None  # nothing given back is taken again (`_follow`)
+        if following is not None:
+            following.cancel()
+            await asyncio.wait({following}, timeout=ATTEMPT)
         held = sorted(self._revisions)
         let_go = [(shard, *self._let_go(shard)) for shard in held]
         try:
@@ -203,12 +218,71 @@ class ShardLeases(SeatLease):
         except _BUS_ERRORS as err:
             log.info("shard %d is not given back (%s); it ages out", shard, err or type(err).__name__)
 
+    async def _follow(self, kv: KeyValue) -> None:
+        """Rebalance as soon as the bucket says another process joined or left cleanly, or a shard was freed, not at the
+        next look (a second later): two processes started together otherwise split the shards a look apart, and the
+        one that took them all composes nodes whose consumers the other then composes again. Changes that come while a
+        rebalance runs are answered by one more. A watch that fails leaves the looks to do it."""
+        me = asyncio.current_task()
+        moved = asyncio.Event()
+
+        async def rebalancing() -> None:
+            # Ends when the bucket is no longer followed, cancelled or not: on Python 3.11 a cancel that meets the
+            # answer of one of nats-py's requests (`asyncio.wait_for`) is lost.
+            while self._following is me:
+                await moved.wait()
+                moved.clear()
+                if self._following is not me:
+                    return
+                try:
+                    await self._rebalance(kv)
+                except _BUS_ERRORS as err:
+                    log.debug("a rebalance the shard leases' watch asked for failed (%s)", err or type(err).__name__)
+
+        worker = asyncio.create_task(rebalancing(), name="rebalance the shards")
+        watcher: KeyValue.KeyWatcher | None = None
+        try:
+            watcher = await kv.watch(">", meta_only=True)
+            while self._following is me:
+                entry = await anext(watcher)
+                if entry is not None and self._moves(entry.key, entry.operation in (KV_DEL, KV_PURGE)):
+                    moved.set()
+        except _BUS_ERRORS as err:
+            log.info("the shard leases are not followed (%s): they are looked at every %.1f s", err or
+                     type(err).__name__, self.renew_every)
+        finally:
+            worker.cancel()
+            moved.set()  # a cancel lost, the worker still sees it is over
+            if watcher is not None:
+                await drop_watch(self.nc, self.nc.jetstream(timeout=ATTEMPT), stream_of(SEAT), watcher)
+
+    def _moves(self, key: str, deleted: bool) -> bool:
+        """Whether a change of the bucket may move the shares: another process announced for the first time or gone,
+        or a shard's key deleted. A renewal moves nothing."""
+        if key.startswith(SHARD_KEY_PREFIX):
+            return deleted
+        if not key.startswith(MEMBER_KEY_PREFIX):
+            return False
+        holder = key.removeprefix(MEMBER_KEY_PREFIX)
+        if deleted:
+            self._members.discard(holder)
+            return True
+        if holder == self.holder or holder in self._members:
+            return False
+        self._members.add(holder)
+        return True
+
     async def _announce(self, kv: KeyValue) -> None:
         """Say this process is live (`member.<holder>`), renewed with its leases; it ages out with them."""
         await kv.put(member_key(self.holder), r.encode(self.record()))
 
     async def _rebalance(self, kv: KeyValue) -> None:
         """Take free shards up to the fair share and give back those past it (rules/shards.py `rebalance`)."""
+        async with self._rebalancing:
+            await self._rebalance_now(kv)
+
+    async def _rebalance_now(self, kv: KeyValue) -> None:
+        """`_rebalance`, with no other rebalance running."""
         holders, revisions, members, others = await self._read(kv)
         # Holding nothing with no shard key of this process's left on the bus, holding is over (`taken_over`).
         self.taken_over = not any(h == self.holder for h in holders.values())
@@ -280,7 +354,7 @@ class ShardLeases(SeatLease):
         revisions: dict[int, int] = {}
         members: set[str] = set()
         others: list[tuple[datetime, str]] = []
-        self.blocker = ""
+        blocker = ""  # set once read: `waiting_for` may be asked meanwhile, on another thread
         for key, (lease, revision) in (await read_leases(self.nc, kv, self.seconds)).items():
             shard = parse_shard_key(key, self.shards)
             if key == HOLDER_KEY or (key.startswith(SHARD_KEY_PREFIX) and lease.shards != self.shards):
@@ -288,7 +362,7 @@ class ShardLeases(SeatLease):
                 what = ("holds the whole seat (--shards 1)" if key == HOLDER_KEY
                         else f"holds {key} (--shards {lease.shards or 1})")
                 self._other(lease, what)
-                self.blocker = self.blocker if others else described(lease, what)
+                blocker = blocker if others else described(lease, what)
                 others.append((lease.since or datetime.min.replace(tzinfo=UTC), lease.holder))
                 if shard is not None:
                     holders[shard] = ""
@@ -299,6 +373,7 @@ class ShardLeases(SeatLease):
                 revisions[shard] = revision
             elif key.startswith(MEMBER_KEY_PREFIX):
                 members.add(lease.holder)
+        self.blocker = blocker
         return holders, revisions, members, min(others, default=None)
 
     def _drop(self, shard: int) -> None:

@@ -10,7 +10,7 @@ from helpers import wait_until
 from nats.aio.client import Client
 
 from mesh_provisioner.bus.connection import ensure_buckets
-from mesh_provisioner.bus.lease import SeatLease
+from mesh_provisioner.bus.lease import SeatLease, read_leases
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.shards import ShardLeases
 from mesh_provisioner.bus.store import Store
@@ -44,6 +44,22 @@ def test_8_1_a_process_takes_every_free_shard_alone_and_gives_back_half_when_ano
     assert not a.held
     assert loop.run(b.renew(), 10)
     assert b.mine() == [0, 1, 2, 3], "a clean exit's shards are taken at the next look"
+
+
+def test_8_1_a_process_joining_or_leaving_moves_the_shares_at_once_without_waiting_for_a_look(
+    loop: EventLoopThread, nc: Client
+) -> None:
+    # Neither process looks at the bucket after its first take (nothing calls `renew`): only its watch of the bucket
+    # (`_follow`) moves the shares. Without it, processes started together split the shards a look (a second) apart.
+    lease = 30.0
+    loop.run(ensure_buckets(nc.jetstream(), SEAT_STATES, lease=lease), 10)
+    a, b = ShardLeases(nc, SHARDS, lease, holder="a"), ShardLeases(nc, SHARDS, lease, holder="b")
+    assert loop.run(a.take(), 10) and a.mine() == [0, 1, 2, 3]
+    loop.run(b.take(), 10)
+    wait_until(lambda: a.mine() == [0, 1] and b.mine() == [2, 3], 5, what="the shares moved when b joined")
+    loop.run(a.give_back(), 10)
+    wait_until(lambda: b.mine() == [0, 1, 2, 3], 5, what="a clean exit's shards taken as they are freed")
+    assert not a.held and a.mine() == [], "a process that gave its shards back takes none again"
 
 
 def test_8_1_every_write_checks_its_shards_lease_and_the_registry_and_needs_go_with_shard_0(
@@ -112,23 +128,24 @@ def test_8_1_a_shard_given_back_keeps_its_key_until_the_writes_sent_under_it_are
     loop.run(ensure_buckets(nc.jetstream(), SEAT_STATES, lease=LEASE), 10)
     a, b = ShardLeases(nc, SHARDS, LEASE, holder="a"), ShardLeases(nc, SHARDS, LEASE, holder="b")
     assert loop.run(a.take(), 10)
-    loop.run(b.take(), 10)
     assert a.taken() == {0, 1, 2, 3}
     in_flight = a.unanswered.sent([Put(PLANS, f"{node_in(2)}.gitea", b"{}", 0)])  # as the store counts a batch
     assert in_flight == [2]
+    loop.run(b.take(), 10)
     assert loop.run(a.renew(), 10)
     assert a.mine() == [0, 1]
     assert "does not hold shard 2" in a.guard(Put(PLANS, f"{node_in(2)}.gitea", b"{}", 0)), "its writes stop at once"
     kv = loop.run(nc.jetstream().key_value(bucket(SEAT)), 10)
 
-    def on_bus(shard: int) -> bool:
-        return shard_key(shard) in loop.run(kv.keys(), 10)
+    def holder_of(shard: int) -> str:
+        lease = loop.run(read_leases(nc, kv, LEASE), 10).get(shard_key(shard))
+        return lease[0].holder if lease is not None else ""
 
-    wait_until(lambda: not on_bus(3), 10, what="shard 3 given back, none of its writes in flight")
-    assert on_bus(2), "shard 2's key stays while a write sent under it is unanswered"
+    # b takes each shard as it is given back: it follows the bucket (`_follow`).
+    wait_until(lambda: holder_of(3) == "b", 10, what="shard 3 given back, none of its writes in flight, and taken")
+    assert holder_of(2) == "a", "shard 2's key stays while a write sent under it is unanswered"
     assert loop.run(a.renew(), 10) and a.mine() == [0, 1]
     assert a.taken() == set(), "a shard being given back is not taken back"
-    assert loop.run(b.take(), 10) and b.mine() == [3]
     a.unanswered.answered(in_flight)
-    wait_until(lambda: not on_bus(2), 10, what="shard 2 given back once its write was answered")
+    wait_until(lambda: holder_of(2) == "b", 10, what="shard 2 given back once its write was answered, and taken")
     assert loop.run(b.renew(), 10) and b.mine() == [2, 3]
