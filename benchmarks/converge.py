@@ -260,7 +260,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # Scale-out: one process and two sharing the mesh, each to its saturation rate and at half of it.
         scaled = partitioned.scale_out(url, args.nodes, args.seed, seconds=seconds, probe_seconds=args.probe_seconds
                                        or (1.0 if quick else 10.0), heavy_modules=heavy_modules,
-                                       heavy_rate=args.heavy_rate, start_rate=20.0 if quick else 100.0)
+                                       heavy_rate=args.heavy_rate, start_rate=20.0 if quick else 100.0,
+                                       server_pid=server.process.pid if server.process else None)
         out["scale_out"] = scaled
         out.update({k: v for k, v in scaled.items() if not isinstance(v, dict)})
         out["saturation_changes_per_s"] = scaled["one_process"]["saturation_changes_per_s"]

@@ -108,6 +108,15 @@ class SeatProcess:
                 continue
 
 
+def cpu_seconds_of(pid: int | None) -> float:
+    """The CPU time a process has spent so far, user and system (Linux: /proc/PID/stat); 0 for None."""
+    if pid is None:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def log(*words: Any) -> None:
     print(f"[{time.strftime('%H:%M:%S')}]", *words, file=sys.stderr, flush=True)
 

@@ -15,12 +15,22 @@ One process with S shards holds them all: the same code path as two, so the rati
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from benchmarks import steady
-from benchmarks.harness import SeatProcess, difference, log, provision_states_of, put_states, reset, summary
+from benchmarks.harness import (
+    SeatProcess,
+    cpu_seconds_of,
+    difference,
+    log,
+    provision_states_of,
+    put_states,
+    reset,
+    summary,
+)
 from benchmarks.mesh import Mesh, generate, load
 
 SHARDS = 64
@@ -76,11 +86,14 @@ class Seats:
             p.close()
 
 
-def cold(url: str, mesh: Mesh, processes: int, shards: int = SHARDS, *,
-         metrics_addrs: Sequence[str] = ()) -> tuple[Seats, dict[str, Any]]:
-    """The cold start of `processes` processes on a freshly loaded mesh; the seats, still running, and the figures."""
+def cold(url: str, mesh: Mesh, processes: int, shards: int = SHARDS, *, metrics_addrs: Sequence[str] = (),
+         server_pid: int | None = None) -> tuple[Seats, dict[str, Any]]:
+    """The cold start of `processes` processes on a freshly loaded mesh; the seats, still running, and the figures.
+
+    With the server's `server_pid`, also the CPU the server spent meanwhile (0 without)."""
     reset(url)
     keys = asyncio.run(load(url, mesh))
+    server_before = cpu_seconds_of(server_pid)
     seats = Seats(url, processes, shards, metrics_addrs=metrics_addrs)
     try:
         ended, figures = seats.settle()
@@ -93,6 +106,8 @@ def cold(url: str, mesh: Mesh, processes: int, shards: int = SHARDS, *,
         "seconds": ended - seats.began, "writes": sum(f["writes"] for f in figures),
         "compositions": sum(f["compositions"] for f in figures), "keys": figures[0]["keys"],
         "peak_rss_bytes": peaks, "peak_rss_bytes_per_key_sum": sum(peaks) / figures[0]["keys"],
+        "cpu_seconds": [f["cpu_seconds"] for f in figures],
+        "server_cpu_seconds": cpu_seconds_of(server_pid) - server_before,
     }
     log(f"cold, {processes} process(es): {out['writes']} writes in {out['seconds']:.2f} s, "
         f"{out['compositions']} compositions, peak RSS {[round(p / 2**20) for p in peaks]} MiB")
@@ -173,10 +188,11 @@ def saturation(url: str, mesh: Mesh, seats: Seats, seconds: float, seed: int, st
 
 
 def measure(url: str, nodes: int, seed: int, processes: int, *, seconds: float, probe_seconds: float,
-            heavy_modules: int, heavy_rate: float, start_rate: float = 100.0) -> dict[str, Any]:
+            heavy_modules: int, heavy_rate: float, start_rate: float = 100.0,
+            server_pid: int | None = None) -> dict[str, Any]:
     """Every scale-out figure of one process count."""
     mesh = generate(nodes, seed)
-    seats, out = cold(url, mesh, processes)
+    seats, out = cold(url, mesh, processes, server_pid=server_pid)
     try:
         rate, probes = saturation(url, mesh, seats, probe_seconds, seed, start=start_rate)
         out["saturation_changes_per_s"] = rate
@@ -209,10 +225,18 @@ def measure(url: str, nodes: int, seed: int, processes: int, *, seconds: float, 
 
 
 def scale_out(url: str, nodes: int, seed: int, **kwargs: Any) -> dict[str, Any]:
-    """The figures of one process and of two, and their ratios."""
+    """The figures of one process and of two, and their ratios.
+
+    `cpu_two_over_one`: the CPU the two processes spent on their cold start over the one process's (the work each
+    repeats: following the whole mesh). `scale_out_cold_start_cpu_bound`: the most `scale_out_cold_start` this machine
+    allows for the CPU the two processes and the server spent, were it spread evenly over every core (with
+    `server_pid`; the server's CPU counted as 0 without)."""
     one = measure(url, nodes, seed, 1, **kwargs)
     two = measure(url, nodes, seed, 2, **kwargs)
+    busy = (sum(two["cpu_seconds"]) + two["server_cpu_seconds"]) / (os.cpu_count() or 1)
     return {
+        "cpu_two_over_one": sum(two["cpu_seconds"]) / one["cpu_seconds"][0],
+        "scale_out_cold_start_cpu_bound": one["seconds"] / busy,
         "one_process": one, "two_processes": two,
         "scale_out_cold_start": one["seconds"] / two["seconds"],
         "scale_out_saturation": two["saturation_changes_per_s"] / max(one["saturation_changes_per_s"], 1e-9),

@@ -13,7 +13,8 @@ from helpers import wait_until
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ("kv_put_limit", "writes", "seconds", "writes_per_s", "ratio_vs_limit", "ratio_vs_seed_design",
            "latency_p50_ms", "latency_p99_ms", "light_p99_ms", "ratio_vs_serial_p99", "peak_rss_bytes_per_key",
-           "floor_writes_per_s", "floor_ratio_vs_limit", "ceiling_seconds", "ceiling_ratio_vs_limit")
+           "floor_writes_per_s", "floor_ratio_vs_limit", "ceiling_seconds", "ceiling_ratio_vs_limit",
+           "scale_out_cold_start", "cpu_two_over_one", "scale_out_cold_start_cpu_bound")
 
 
 @pytest.mark.slow
@@ -31,6 +32,8 @@ def test_converge_quick_writes_every_figure(tmp_path: Path) -> None:
     assert figures["steady"]["matched"] > 0
     assert set(figures["head_of_line"]) == {"parallel", "serial"}
     assert figures["bus_floor"]["writes"] == 2000  # the quick limit's puts
+    two = figures["scale_out"]["two_processes"]
+    assert len(two["cpu_seconds"]) == 2 and min(two["cpu_seconds"]) > 0 and two["server_cpu_seconds"] > 0
     ceiling = figures["ceiling"]
     assert ceiling["cache_load"]["keys"] == figures["cold"]["loaded_keys"]  # the cache loaded all the mesh
     assert ceiling["rules"]["settled"] and ceiling["rules"]["writes"] > 0
