@@ -302,7 +302,8 @@ class Cache:
                 # Contract section 2: a missing bucket is waited for, never an error that stops the seat; said once
                 # until it exists, not again at each resynchronisation.
                 if state not in self._missing:
-                    log.info("bucket %s does not exist yet; waiting for it", name)
+                    log.info("bucket %s does not exist yet: it is read once it is created; the seat goes on meanwhile",
+                             name)
                 self._missing.add(state)
                 self.memory.reconcile(state, {}, None)  # no bucket: no keys
                 self._done_loading(state)

@@ -21,7 +21,7 @@ from mesh_provisioner.rules.compose import CannotCompose, Memo, compose
 from mesh_provisioner.rules.judge import outcome
 from mesh_provisioner.rules.retire import raise_ask, retired, retiring_why
 from mesh_provisioner.rules.view import Entry, View, not_a_node
-from mesh_provisioner.rules.writing import Writes, provision_of, same, utc
+from mesh_provisioner.rules.writing import Writes, provision_of, same, told, utc
 
 
 class Result(msgspec.Struct, frozen=True):
@@ -255,7 +255,7 @@ def _judge_shared(writes: Writes, key: str, want: r.Provision, now: datetime, ju
     if have is not None and same(have, nxt):
         return ""
     writes.provision(key, nxt, now)
-    return f"{key} {nxt.state}"
+    return told(key, have, nxt)
 
 
 def shared_credential(view: View, key: str, writes_on: Callable[[str], bool]) -> r.Provision | None:
@@ -356,7 +356,7 @@ def _judge_node(
         if have is not None and same(have, nxt):
             continue
         writes.provision(key, nxt, now)
-        out.provisions_changed.append(f"{key} {nxt.state}")
+        out.provisions_changed.append(told(key, have, nxt))
 
 
 def _depended_first(keys: Iterable[str], needed: dict[str, r.Provision]) -> list[str]:

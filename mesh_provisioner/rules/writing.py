@@ -73,6 +73,16 @@ def same(a: r.Provision, b: r.Provision) -> bool:
     return msgspec.structs.replace(a, at=None, v=0) == msgspec.structs.replace(b, at=None, v=0)
 
 
+def told(key: str, was: r.Provision | None, now: r.Provision) -> str:
+    """How a composition's report says a provision it wrote: its key and state, and, when the state stayed, the fields
+    that changed (a depends-on that grew would otherwise read as the same line twice)."""
+    if was is None or was.state != now.state:
+        return f"{key} {now.state}"
+    fields = [f.encode_name for f in msgspec.structs.fields(r.Provision)
+              if f.name not in ("at", "v") and getattr(was, f.name) != getattr(now, f.name)]
+    return f"{key} {now.state} ({', '.join(fields)} changed)"
+
+
 def judged_alike(a: r.Provision, b: r.Provision) -> bool:
     """Whether two provisions differ at most in what their provider's outcome says (5.3: `state`, `why`,
     `reference`), `at` and `v` aside: the same provision of the same consumer, depending on the same keys, with the

@@ -160,7 +160,8 @@ def test_a_missing_bucket_is_said_once_not_at_each_resynchronisation(
         seed_buckets(nats_server.url, [state])
         wait_until(lambda: any("exists now" in m for m in caplog.messages), what="the bucket made")
     waiting = [m for m in caplog.messages if "does not exist yet" in m]
-    assert waiting == [f"bucket {bucket(state)} does not exist yet; waiting for it"], caplog.messages
+    assert waiting == [f"bucket {bucket(state)} does not exist yet: it is read once it is created; the seat goes on "
+                       "meanwhile"], caplog.messages
 
 
 def test_a_value_that_does_not_decode_is_kept_with_why_and_the_watch_goes_on(

@@ -7,7 +7,7 @@ import json
 from datetime import timedelta
 
 import msgspec
-from mesh import NOW, Mesh, ask_id, keeper, req, sample_mesh, settle
+from mesh import NOW, Mesh, apply, ask_id, keeper, req, sample_mesh, settle
 
 from mesh_provisioner.contract import NEEDS, PLANS, PROVISIONS, REFUSED
 from mesh_provisioner.messages import records as r
@@ -562,3 +562,22 @@ def test_5_2_shared_credential_only_the_newest_build_names_lets_the_seat_settle(
     m.place("cat", "redis")
     settle(m.view)
     assert settle(m.view, LATER).writes == []
+
+
+def test_a_provision_written_again_in_the_same_state_is_reported_with_the_fields_that_changed() -> None:
+    # bee composed before ace's plans exist, then after: its key depends on postgres's plan now, and still waits. The
+    # report said `bee.app.postgres-database asked` twice, which read as the same composition made twice.
+    m = Mesh()
+    keeper(m, "mesh-vault", "secret")
+    m.module("postgres", "1", provides=["postgres-database"], requires=["secret"])
+    m.module("app", "1", requires=["postgres-database"])
+    m.place("ace", "postgres", "mesh-vault")
+    m.place("bee", "app")
+    first = compose_node(m.view, "bee", NOW)
+    assert "bee.app.postgres-database asked" in first.composed.provisions_changed
+    for w in first.writes:
+        apply(m.view, w)
+    for w in compose_node(m.view, "ace", NOW).writes:
+        apply(m.view, w)
+    again = compose_node(m.view, "bee", NOW)
+    assert "bee.app.postgres-database asked (depends-on, why changed)" in again.composed.provisions_changed
