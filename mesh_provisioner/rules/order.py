@@ -20,11 +20,15 @@ def providers_first(view: View, nodes: Iterable[str]) -> list[str]:
     nodes = sorted(nodes)
     before: dict[str, set[str]] = {n: set() for n in nodes}  # node -> the nodes it needs first
     requires: dict[str, set[str]] = {}
+    # Per provision, its providers and the nodes among these where one is placed: worked out once, as a provider
+    # placed on hundreds of nodes would otherwise be listed again for each node that needs it.
+    offered: dict[str, tuple[set[str], set[str]]] = {}
     for node in nodes:
         try:
             here = set(placed(view, node))
         except CannotCompose:
             continue
+        firsts = before[node]
         for module in sorted(here):
             if module not in requires:
                 manifest, why = trunk_manifest(view, module)
@@ -32,13 +36,16 @@ def providers_first(view: View, nodes: Iterable[str]) -> list[str]:
             for provision in requires[module]:
                 chosen, _ = resolved_node(view, node, module, provision)
                 if chosen:
-                    before[node].update({chosen} & before.keys() - {node})
+                    if chosen in before:
+                        firsts.add(chosen)
                     continue
-                providers = view.providers_of(provision)
-                if providers & here:
-                    continue
-                for provider in sorted(providers):
-                    before[node].update(n for n in view.placed_on(provider) if n in before and n != node)
+                if provision not in offered:
+                    providers = view.providers_of(provision)
+                    offered[provision] = providers, {n for p in providers for n in view.placed_on(p) if n in before}
+                providers, on = offered[provision]
+                if not providers & here:
+                    firsts |= on
+        firsts.discard(node)
     # The nodes more others need come first: needs between nodes form cycles (every node runs consumers), and a
     # provider composed late wakes all who need it, while one composed early wakes nobody.
     needed_by: dict[str, int] = dict.fromkeys(nodes, 0)
