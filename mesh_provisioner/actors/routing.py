@@ -59,6 +59,16 @@ class Router:
         if new is None:
             return
         node = group_of(state, key)
+        if state in NODE_STATES and self.writes_on is not None and is_token(node) and not self.writes_on(node):
+            # Another process's node (contract 8.1): nothing of it is composed, judged or looked at here, but a key of
+            # it may depend on a shared credential of a node this process writes, which is made here (rules/node.py
+            # `shared_credential`); the dispatcher keeps only our nodes' judgments of those.
+            p = new.get(r.Provision) if state == PROVISIONS else None
+            if p is not None and p.depends_on:
+                new_deps = [(JUDGE, d) for d in p.depends_on[:2] if not self.dispatcher.knows((JUDGE, d))]
+                if new_deps:
+                    self.dispatcher.add(new_deps, route)
+            return
         if state in NODE_STATES and not self.dispatcher.knows((COMPOSE, node)):
             if not is_token(node):
                 # Section 7: a key whose node is not a token is bad input; nothing is composed for it (a placement
@@ -74,13 +84,6 @@ class Router:
             waits = p is not None and p.state == r.RETIRING and bool(p.ask) and p.warrant is None
             if waits and not self.dispatcher.knows((LOOK, key)):
                 self.dispatcher.add([(LOOK, key)], ASKER)
-            others = self.writes_on is not None and not self.writes_on(group_of(state, key))
-            if p is not None and p.depends_on and others:
-                # A key another process writes may depend on a shared credential of a node this process writes: it is
-                # made here (contract 8.1, rules/node.py `shared_credential`); the dispatcher keeps only our nodes'.
-                new_deps = [(JUDGE, d) for d in p.depends_on[:2] if not self.dispatcher.knows((JUDGE, d))]
-                if new_deps:
-                    self.dispatcher.add(new_deps, route)
 
     def route(self, state: str, key: str, j: Judgment) -> str:
         """The actor that runs a judgment a change of `state` at `key` woke.

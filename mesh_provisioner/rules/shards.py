@@ -8,12 +8,14 @@ every process of a mesh, so the processes agree without talking to each other bu
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Collection, Iterable, Mapping
 
 from mesh_provisioner.contract import MEMBER_KEY_PREFIX, NEEDS, OWN, REGISTRY, SHARD_KEY_PREFIX
 
 
+@functools.lru_cache(maxsize=1 << 16)  # asked at each change a partitioned process routes, for a few thousand nodes
 def shard_of(node: str, shards: int) -> int:
     """The shard a node is in: the first 8 bytes of the SHA-256 of its name, big-endian, modulo the shard count."""
     if shards <= 1:
