@@ -247,6 +247,8 @@ class ShardLeases(SeatLease):
                 entry = await anext(watcher)
                 if entry is not None and self._moves(entry.key, entry.operation in (KV_DEL, KV_PURGE)):
                     moved.set()
+        except StopAsyncIteration:
+            pass  # the watch was stopped (its connection closed): the looks go on
         except _BUS_ERRORS as err:
             log.info("the shard leases are not followed (%s): they are looked at every %.1f s", err or
                      type(err).__name__, self.renew_every)
