@@ -20,8 +20,10 @@ nats-server on loopback.
   start's seconds over it.
 - scale-out (`benchmarks.partitioned`): one process and two sharing the mesh (contract 8.1), each cold started,
   driven to its saturation rate (`saturation_changes_per_s`) and measured at half of it: `scale_out_cold_start`,
-  `scale_out_saturation`, `p99_over_p50_half_saturation`, `ratio_vs_serial_p99_half_saturation`, and
-  `rss_two_over_one` (the two processes' peak RSS summed, over one process's).
+  `scale_out_saturation`, `p99_over_p50_half_saturation`, `ratio_vs_serial_p99_half_saturation`,
+  `rss_two_over_one` (the two processes' peak RSS summed, over one process's), `cpu_two_over_one` (the CPU of their
+  cold start summed, over one process's) and `scale_out_cold_start_cpu_bound` (the most `scale_out_cold_start` this
+  machine's cores allow for that CPU and the server's).
 
 `--quick` makes everything small (a smoke run for the tests, not a measurement).
 """

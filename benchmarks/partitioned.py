@@ -3,7 +3,8 @@
 For each process count, on a fresh copy of the N-node mesh:
 
 - the cold start: the processes started together (`benchmarks.seat_proc --shards S`), until a round in which every
-  process is settled and none wrote anything more; its seconds, writes, and each process's peak RSS;
+  process is settled and none wrote anything more; its seconds, writes, each process's peak RSS and CPU, and the
+  server's CPU meanwhile;
 - the saturation rate: the highest rate of changes (`benchmarks.steady`) the seat sustains with its backlog bounded
   (`sustained`), found by doubling the rate from a start until a run is not sustained, then halving the interval;
 - at half the saturation rate: the change-to-write p50 and p99, and the head-of-line ratio (one heavy node changing

@@ -45,7 +45,11 @@ class Router:
             log.warning("%s", why)
 
     def changed(self, state: str, key: str, old: Entry | None, new: Entry | None, ours: bool, count: int) -> None:
-        """One change of the cache, its `count`th (`ours`: the seat's own write, which does not wake its writer)."""
+        """Wake the judgments one change of the cache may change, and start those a new node or key needs.
+
+        `count`: the change's place among the cache's changes; `ours`: the seat's own write, which does not wake its
+        writer. A change of another process's node wakes only this process's judgments of what it may depend on here.
+        """
         if state == PLACEMENT and new is not None and not is_token(key):
             self.no_node(key)
         route = partial(self.route, state, key)

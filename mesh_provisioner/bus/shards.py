@@ -47,7 +47,9 @@ class ShardLeases(SeatLease):
         self._renewed: dict[int, float] = {}  # each shard held: when its lease was last written
         # Shards given back whose keys wait for the writes in flight under them (`_hand_over`), by shard.
         self._handing: dict[int, asyncio.Task[None]] = {}
-        self._rebalancing = asyncio.Lock()  # one rebalance at a time: a look's, or one the bucket's watch asked for
+        # One change of what is held at a time: a take, a look (renewals and rebalance), a rebalance the bucket's watch
+        # asked for, a giving back. Each awaits the bus between reading what is held and writing it.
+        self._holding = asyncio.Lock()
         self._following: asyncio.Task[None] | None = None  # the watch of the bucket (`_follow`), from the first take
         self._members: set[str] = set()  # the other processes the watch has seen announced
 
@@ -79,17 +81,17 @@ class ShardLeases(SeatLease):
     def held(self) -> bool:
         """Whether this process holds any shard now, with the safety margin."""
         now = time.monotonic()
-        return any(now < d for d in self._deadlines.values())
+        return any(now < d for d in list(self._deadlines.values()))  # a copy: the lease loop changes it meanwhile
 
     def mine(self) -> list[int]:
         """The shards this process holds now, in order."""
         now = time.monotonic()
-        return sorted(s for s, d in self._deadlines.items() if now < d)
+        return sorted(s for s, d in list(self._deadlines.items()) if now < d)
 
     def left(self) -> float:
         """Seconds until the first of this process's shards counts as lapsed; 0 when it holds none."""
         now = time.monotonic()
-        return max(min((d - now for d in self._deadlines.values()), default=0.0), 0.0)
+        return max(min((d - now for d in list(self._deadlines.values())), default=0.0), 0.0)
 
     def lapse(self) -> None:
         """Count every shard as lapsed now."""
@@ -122,11 +124,17 @@ class ShardLeases(SeatLease):
         """Announce this process, then take free shards up to its fair share; answers whether it holds any. From the
         first take on, the bucket is followed (`_follow`): shards freed later are taken as they are freed."""
         kv = await self._bucket()
-        await self._announce(kv)
-        if self._following is None:
-            self._following = asyncio.create_task(self._follow(kv), name="follow the shard leases")
-        await self._rebalance(kv)
+        self._keep_following(kv)
+        async with self._holding:
+            await self._announce(kv)
+            await self._rebalance(kv)
         return self.held
+
+    def _keep_following(self, kv: KeyValue) -> None:
+        """Follow the bucket (`_follow`) unless it is followed already: from the first take on, and again at each look
+        after a watch that ended (a bus error)."""
+        if self._following is None or self._following.done():
+            self._following = asyncio.create_task(self._follow(kv), name="follow the shard leases")
 
     async def renew(self) -> bool:
         """Renew each shard due (a quarter of the lease time after its last renewal), then rebalance: take free
@@ -141,6 +149,12 @@ class ShardLeases(SeatLease):
             log.warning("the seat's shards are not renewed (%s)", err or type(err).__name__)
             self._forget_lapsed()
             return self.held
+        self._keep_following(kv)
+        async with self._holding:
+            return await self._renew_all(kv)
+
+    async def _renew_all(self, kv: KeyValue) -> bool:
+        """`renew`'s renewals and rebalance, nothing else changing what is held meanwhile."""
         due = time.monotonic() - self.seconds / 4
         renewing = [s for s, at in self._renewed.items() if at <= due]
         # Renewed together: on a cluster, each may wait for the same leader election.
@@ -181,6 +195,11 @@ class ShardLeases(SeatLease):
         if following is not None:
             following.cancel()
             await asyncio.wait({following}, timeout=ATTEMPT)
+        async with self._holding:  # a rebalance under way ends first: what it took is given back too
+            await self._give_back()
+
+    async def _give_back(self) -> None:
+        """`give_back`, nothing else changing what is held meanwhile."""
         held = sorted(self._revisions)
         let_go = [(shard, *self._let_go(shard)) for shard in held]
         try:
@@ -232,10 +251,11 @@ class ShardLeases(SeatLease):
             while self._following is me:
                 await moved.wait()
                 moved.clear()
-                if self._following is not me:
-                    return
                 try:
-                    await self._rebalance(kv)
+                    async with self._holding:
+                        if self._following is not me:  # given back meanwhile: nothing is taken again
+                            return
+                        await self._rebalance(kv)
                 except _BUS_ERRORS as err:
                     log.debug("a rebalance the shard leases' watch asked for failed (%s)", err or type(err).__name__)
 
@@ -248,7 +268,7 @@ class ShardLeases(SeatLease):
                 if entry is not None and self._moves(entry.key, entry.operation in (KV_DEL, KV_PURGE)):
                     moved.set()
         except StopAsyncIteration:
-            pass  # the watch was stopped (its connection closed): the looks go on
+            pass  # the watch was stopped (its connection closed): the next look follows the bucket again
         except _BUS_ERRORS as err:
             log.info("the shard leases are not followed (%s): they are looked at every %.1f s", err or
                      type(err).__name__, self.renew_every)
@@ -279,12 +299,8 @@ class ShardLeases(SeatLease):
         await kv.put(member_key(self.holder), r.encode(self.record()))
 
     async def _rebalance(self, kv: KeyValue) -> None:
-        """Take free shards up to the fair share and give back those past it (rules/shards.py `rebalance`)."""
-        async with self._rebalancing:
-            await self._rebalance_now(kv)
-
-    async def _rebalance_now(self, kv: KeyValue) -> None:
-        """`_rebalance`, with no other rebalance running."""
+        """Take free shards up to the fair share and give back those past it (rules/shards.py `rebalance`); called
+        holding `_holding`."""
         holders, revisions, members, others = await self._read(kv)
         # Holding nothing with no shard key of this process's left on the bus, holding is over (`taken_over`).
         self.taken_over = not any(h == self.holder for h in holders.values())
