@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future
 from datetime import UTC, datetime
 from functools import partial
@@ -127,6 +127,7 @@ class Runtime:
         guard: Callable[[Write], str] | None = None,
         unanswered: Unanswered | None = None,
         owns: Callable[[str], bool] | None = None,
+        taken: Callable[[], Collection[int]] | None = None,
         metrics: Metrics | None = None,
     ) -> Runtime:
         """Connect (or take the host's connection and loop), fill the cache, and start every actor.
@@ -135,7 +136,8 @@ class Runtime:
         what `stop` undoes. `guard` says why this process may not make a write now ("" when it may): the seat's lease
         (contract 8), or its key's shard's (8.1); `unanswered` counts the writes sent under it and not yet answered,
         which a lease given back waits for (bus/unanswered.py). `owns` says which nodes this process composes, a
-        partitioned seat's (8.1); None: every node.
+        partitioned seat's (8.1); None: every node. `taken` hands over the shards taken since it was last asked: those
+        taken while the cache loaded are composed by this start, their providers' entries read again first (`took`).
         """
         attached = Attachment.open(config, nc=nc, loop=loop)
         thread, nc = attached.loop, attached.nc
@@ -153,6 +155,10 @@ class Runtime:
             thread.run(ensure_config_buckets(nc, config), config_buckets_wait(config))
             thread.run(seat.cache.start(), config.request_timeout)
             thread.run(seat.cache.wait_synced(), config.request_timeout * 6)
+            if taken is not None and taken() and owns is not None:
+                # Their entries that came before they were taken were not kept; their nodes' actors are not started
+                # yet, and compose them once (else `took` would compose them again as soon as this returns).
+                thread.run(seat.cache.reload(seat._entries), config.request_timeout * 6)
             seat._first_shard()
             for key in not_nodes(seat.view):
                 seat.router.no_node(key)

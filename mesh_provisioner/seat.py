@@ -208,7 +208,7 @@ class Seat:
         try:
             sup = Runtime.start(
                 self.config, nc=self.nc, loop=self.loop.loop, guard=self.lease.guard, unanswered=self.lease.unanswered,
-                owns=shards.owns if shards is not None else None, metrics=self.metrics,
+                owns=shards.owns if shards is not None else None, taken=self.lease.taken, metrics=self.metrics,
             )
         except BaseException:
             keeper.stop()
