@@ -303,10 +303,9 @@ def _judge_node(
     # What a key's provider says of it is read, not recorded as the composition's: the key's own judgment reads it
     # and keeps the key's state (5.3, `rejudge`), so a provider's have or want changing wakes that key's judgment, not
     # every composition of a node whose keys it provides. The composition still writes what it finds, and its run
-    # keeps what the key's judgment read (`judging`): after the composition's writes, `rejudge` reads the same. Not so
-    # for a partitioned seat's key of a shared credential's form, which `rejudge` may judge from the keys depending
-    # on it (`shared_credential`): that key's judgment records its own reads.
-    judged = view.unrecorded()
+    # keeps what the key's judgment read (`judging`): after the composition's writes, `rejudge` reads the same. A
+    # partitioned seat's `rejudge` first reads the keys depending on a key of a shared credential's form
+    # (`shared_credential`): the run reads them too.
     kept: dict[str, r.Provision] = {}
     for key in view.judged_on(node):
         p, _ = provision_of(view, key)
@@ -332,8 +331,12 @@ def _judge_node(
             nxt = needed[key]
             if have is not None:
                 nxt = msgspec.structs.replace(nxt, reference=have.reference)
-            alone = writes_on is None or not _shaped_shared(key)
-            nxt = outcome(view.judging(key) if alone else judged, key, nxt)
+            run = view.judging(key)
+            if writes_on is not None:
+                # What its own judgment reads first (`rejudge`), kept with the run so that judgment is not made again
+                # only to read it; whichever key needs a shared credential, it is the same provision (section 4).
+                shared_credential(run, key, writes_on)
+            nxt = outcome(run, key, nxt)
         elif have is not None and have.state == r.RETIRING:
             nxt = have
             if not nxt.ask and nxt.warrant is None:
