@@ -24,13 +24,11 @@ class BoundActor(SeatActor):
 
         An entry for a key no composition made yet is left alone: that key's judgment would find no provision and
         write nothing (5.3), and the composition that makes the key starts its judgment (actors/routing.py). At a
-        first start nearly every entry is such a key (docs/BENCHMARKS.md, 20). A partitioned seat judges them all: a
-        shared credential another process's key depends on is made by its judgment (contract 8.1, rules/node.py
-        `shared_credential`).
+        first start nearly every entry is such a key (docs/BENCHMARKS.md, 20). So is, in a partitioned seat, a shared
+        credential that only another process's keys depend on, which its judgment makes (contract 8.1, rules/node.py
+        `shared_credential`): its node's actor judges it again (actors/node.py `owned`).
         """
         view = self.seat.view
-        entries = view.keys(bound(self.provider))
-        if self.seat.writes_on is None:
-            entries = [key for key in entries if view.get(PROVISIONS, key) is not None]
+        entries = [key for key in view.keys(bound(self.provider)) if view.get(PROVISIONS, key) is not None]
         keys = set(entries) | view.provided_by_module(self.provider)
         return [(JUDGE, key) for key in sorted(keys)]

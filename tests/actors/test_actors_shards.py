@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from seatbus import Bus, Seats, assert_fixed_point, seat_config, settle
+from seatbus import Bus, Seats, assert_fixed_point, provisions, seat_config, settle
 
 from mesh_provisioner.contract import bound
 from mesh_provisioner.rules.shards import shard_of
@@ -31,4 +31,32 @@ def test_8_1_shards_taken_while_the_cache_loads_have_their_providers_entries_rea
     assert sup.view.get(bound("postgres"), "bee.webapp.postgres-database") is not None
     # Judged from the entries read again: a whole seat over the same bus writes nothing.
     sup.stop()
+    assert_fixed_point(mesh)
+
+
+def test_8_1_a_shared_credential_only_another_processs_keys_depend_on_is_made_by_its_nodes_holder_at_its_start(
+    mesh: Bus, seats: Seats
+) -> None:
+    # Of 3 shards, ace (postgres, mesh-vault) is in 0 and bee (webapp, needing postgres with its shared credential)
+    # in 2. The process of bee's shard writes bee's key, which depends on ace's shared credential, and cannot write
+    # that credential; the process of ace's shard, started after, finds the key on the bus: no change wakes anything
+    # there, and its start makes the credential.
+    shards = 3
+    assert (shard_of("ace", shards), shard_of("bee", shards)) == (0, 2)
+    credential = "ace.postgres.postgres-database-credential"
+    of_bee = seats.start(seat_config(mesh.url), owns=lambda node: shard_of(node, shards) == 2)
+    settle(of_bee)
+    on_bus = provisions(mesh)
+    assert credential in on_bus["bee.webapp.postgres-database"].depends_on and credential not in on_bus
+    of_bee.stop()
+    of_ace = seats.start(seat_config(mesh.url), owns=lambda node: shard_of(node, shards) == 0)
+    settle(of_ace)
+    made = provisions(mesh).get(credential)
+    assert made is not None and made.state == "provided", made
+    # Both halves served again, the bus ends where a whole seat would.
+    of_bee = seats.start(seat_config(mesh.url), owns=lambda node: shard_of(node, shards) == 2)
+    settle(of_bee)
+    settle(of_ace)
+    of_bee.stop()
+    of_ace.stop()
     assert_fixed_point(mesh)
