@@ -251,7 +251,9 @@ def _judged(view: View, key: str, old: Entry | None, new: Entry | None) -> set[T
     credential from another node (`kept_elsewhere`)."""
     out: set[Token] = set()
     node = k.node_of(key)
-    others = any(k.node_of(u) != node for u in view.dependents(key))
+    # Only a credential of the vault's is judged elsewhere: for any other key, who depends on it does not matter (and
+    # a key thousands depend on is changed as often as any).
+    others = (_is_vault(old) or _is_vault(new)) and any(k.node_of(u) != node for u in view.dependents(key))
     if _judged_there(old, others) != _judged_there(new, others):
         out.add(token("judged", node))
     was, now = _value(old, r.Provision), _value(new, r.Provision)
@@ -260,8 +262,9 @@ def _judged(view: View, key: str, old: Entry | None, new: Entry | None) -> set[T
         there = k.node_of(dep)
         if there == node or not _is_vault(view.get(PROVISIONS, dep)):
             continue
-        users = {u for u in view.dependents(dep) if k.node_of(u) != there}
-        if bool(users) != bool(users - {key} if dep in after else users | {key}):
+        # `view` holds the change: the key is among the dependents it now has, not among those it lost. Either way
+        # it is the only one of another node, or was, when no other key of another node depends on it.
+        if not any(u != key and k.node_of(u) != there for u in view.dependents(dep)):
             out.add(token("judged", there))
     return out
 
