@@ -44,7 +44,7 @@ from mesh_provisioner.bus.registry import RegistryWriter
 from mesh_provisioner.bus.store import Applied, Store
 from mesh_provisioner.bus.unanswered import Unanswered
 from mesh_provisioner.config import Config
-from mesh_provisioner.contract import NEEDS, REGISTRY, bound
+from mesh_provisioner.contract import NEEDS, REGISTRY, RESOLVED, bound
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import (
     ChildExited,
@@ -109,7 +109,9 @@ class Runtime:
         self._registry: RegistryWriter | None = None  # the operator's registry file, read when the seat is taken
         self._registry_done = False  # written (and the needs retired) once this holds the shard that writes them
         self.writes_on: Callable[[str], bool] | None = None  # the nodes this seat composes; None: all (`scope`)
-        self._entries = tuple(bound(p) for p in config.bound_reads)  # the providers' entries, kept by node (`scope`)
+        # The states only their own node's judgments read, kept by node (`scope`, contract 8.1): the providers'
+        # entries, and mesh-config's resolutions (read by the composition of their node alone, rules/compose.py).
+        self._by_node = (*(bound(p) for p in config.bound_reads), RESOLVED)
         self._closed = False
         link(nc).on_closed(self._connection_closed)
         self.ref = HostActor.start(self)
@@ -137,7 +139,7 @@ class Runtime:
         (contract 8), or its key's shard's (8.1); `unanswered` counts the writes sent under it and not yet answered,
         which a lease given back waits for (bus/unanswered.py). `owns` says which nodes this process composes, a
         partitioned seat's (8.1); None: every node. `taken` hands over the shards taken since it was last asked: those
-        taken while the cache loaded are composed by this start, their providers' entries read again first (`took`).
+        taken while the cache loaded are composed by this start, what is kept of their nodes read again first (`took`).
         """
         attached = Attachment.open(config, nc=nc, loop=loop)
         thread, nc = attached.loop, attached.nc
@@ -156,9 +158,9 @@ class Runtime:
             thread.run(seat.cache.start(), config.request_timeout)
             thread.run(seat.cache.wait_synced(), config.request_timeout * 6)
             if taken is not None and taken() and owns is not None:
-                # Their entries that came before they were taken were not kept; their nodes' actors are not started
+                # What of their nodes came before they were taken was not kept; their nodes' actors are not started
                 # yet, and compose them once (else `took` would compose them again as soon as this returns).
-                thread.run(seat.cache.reload(seat._entries), config.request_timeout * 6)
+                thread.run(seat.cache.reload(seat._by_node), config.request_timeout * 6)
             seat._first_shard()
             for key in not_nodes(seat.view):
                 seat.router.no_node(key)
@@ -173,19 +175,20 @@ class Runtime:
 
     def scope(self, owns: Callable[[str], bool] | None) -> None:
         """Compose only the nodes `owns` says (a partitioned seat's shards, contract 8.1), and keep only their keys of
-        the providers' entries, which no other node's judgment reads; None: every node."""
+        the states no other node's judgment reads (the providers' entries, mesh-config's resolutions); None: every
+        node."""
         self.writes_on = owns
         self.router.writes_on = owns
         self.dispatcher.scope = None if owns is None else (lambda j: owns(j[1].partition(".")[0]))
-        entries = frozenset(self._entries)
+        by_node = frozenset(self._by_node)
         self.cache.memory.keeps = None if owns is None else (
-            lambda state, key: state not in entries or owns(key.partition(".")[0]))
+            lambda state, key: state not in by_node or owns(key.partition(".")[0]))
 
     def took(self, nodes: Callable[[str], bool]) -> None:
-        """Shards were taken (contract 8.1): their providers' entries are loaded, then the nodes `nodes` says are
+        """Shards were taken (contract 8.1): what is kept of their nodes is loaded, then the nodes `nodes` says are
         composed and their keys judged from the bus, as a restart would; the registry and the retired needs are written
         when the first shard is among them."""
-        self.loop.run(self.cache.reload(self._entries), self.config.request_timeout * 6)
+        self.loop.run(self.cache.reload(self._by_node), self.config.request_timeout * 6)
         self._first_shard()
         for name in self.supervisor.children():
             if not name.startswith("node:"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from seatbus import Bus, Seats, assert_fixed_point, provisions, seat_config, settle
 
-from mesh_provisioner.contract import bound
+from mesh_provisioner.contract import RESOLVED, bound
 from mesh_provisioner.rules.shards import shard_of
 
 SHARDS = 2
@@ -59,4 +59,30 @@ def test_8_1_a_shared_credential_only_another_processs_keys_depend_on_is_made_by
     settle(of_ace)
     of_bee.stop()
     of_ace.stop()
+    assert_fixed_point(mesh)
+
+
+def test_8_1_a_process_keeps_only_its_nodes_providers_entries_and_resolutions_and_loads_those_of_shards_it_takes(
+    mesh: Bus, seats: Seats
+) -> None:
+    # Only the composition of their own node reads a node's providers' entries and mesh-config's resolutions.
+    shards = 3
+    mesh.put(RESOLVED, "ace.gitea", {"providers": {"postgres-database": "ace"}})
+    mesh.put(RESOLVED, "bee.webapp", {"providers": {"postgres-database": "ace"}})
+    held = {0}
+    sup = seats.start(seat_config(mesh.url), owns=lambda node: shard_of(node, shards) in held)
+    settle(sup)
+
+    def kept(node: str) -> dict[str, list[str]]:
+        return {state: keys for state in (RESOLVED, bound("postgres"), bound("gitea"))
+                if (keys := [key for key in sup.view.keys(state) if key.startswith(f"{node}.")])}
+
+    assert kept("ace") == {RESOLVED: ["ace.gitea"], bound("postgres"): ["ace.gitea.postgres-database.main"]}
+    assert kept("bee") == {}, "another process's nodes' entries and resolutions are not kept"
+    held.add(2)
+    sup.took(lambda node: shard_of(node, shards) == 2)
+    settle(sup)
+    assert kept("bee") == {RESOLVED: ["bee.webapp"], bound("postgres"): ["bee.webapp.postgres-database"],
+                           bound("gitea"): ["bee.webapp.forge-account"]}
+    sup.stop()
     assert_fixed_point(mesh)
