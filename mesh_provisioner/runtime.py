@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from datetime import UTC, datetime
 from functools import partial
@@ -129,7 +129,7 @@ class Runtime:
         guard: Callable[[Write], str] | None = None,
         unanswered: Unanswered | None = None,
         owns: Callable[[str], bool] | None = None,
-        taken: Callable[[], Collection[int]] | None = None,
+        holds: Callable[[str], bool] | None = None,
         metrics: Metrics | None = None,
     ) -> Runtime:
         """Connect (or take the host's connection and loop), fill the cache, and start every actor.
@@ -138,8 +138,8 @@ class Runtime:
         what `stop` undoes. `guard` says why this process may not make a write now ("" when it may): the seat's lease
         (contract 8), or its key's shard's (8.1); `unanswered` counts the writes sent under it and not yet answered,
         which a lease given back waits for (bus/unanswered.py). `owns` says which nodes this process composes, a
-        partitioned seat's (8.1); None: every node. `taken` hands over the shards taken since it was last asked: those
-        taken while the cache loaded are composed by this start, what is kept of their nodes read again first (`took`).
+        partitioned seat's (8.1); None: every node. `holds` says of which nodes memory keeps what only their own
+        judgments read (default: those it composes); a node held and not yet composed is handed over by `took`.
         """
         attached = Attachment.open(config, nc=nc, loop=loop)
         thread, nc = attached.loop, attached.nc
@@ -152,15 +152,11 @@ class Runtime:
         if clock is not None:
             seat._clock = clock
         seat.store.guard, seat.store.unanswered = guard, unanswered
-        seat.scope(owns)
+        seat.scope(owns, holds)
         try:
             thread.run(ensure_config_buckets(nc, config), config_buckets_wait(config))
             thread.run(seat.cache.start(), config.request_timeout)
             thread.run(seat.cache.wait_synced(), config.request_timeout * 6)
-            if taken is not None and taken() and owns is not None:
-                # What of their nodes came before they were taken was not kept; their nodes' actors are not started
-                # yet, and compose them once (else `took` would compose them again as soon as this returns).
-                thread.run(seat.cache.reload(seat._by_node), config.request_timeout * 6)
             seat._first_shard()
             for key in not_nodes(seat.view):
                 seat.router.no_node(key)
@@ -173,22 +169,27 @@ class Runtime:
             raise
         return seat
 
-    def scope(self, owns: Callable[[str], bool] | None) -> None:
-        """Compose only the nodes `owns` says (a partitioned seat's shards, contract 8.1), and keep only their keys of
-        the states no other node's judgment reads (the providers' entries, mesh-config's resolutions); None: every
-        node."""
+    def scope(self, owns: Callable[[str], bool] | None, holds: Callable[[str], bool] | None = None) -> None:
+        """Compose only the nodes `owns` says (a partitioned seat's shards, contract 8.1), and keep only the keys of
+        the nodes `holds` says (default: `owns`) of the states no other node's judgment reads (the providers' entries,
+        mesh-config's resolutions); None: every node."""
         self.writes_on = owns
         self.router.writes_on = owns
         self.dispatcher.scope = None if owns is None else (lambda j: owns(j[1].partition(".")[0]))
+        kept = holds or owns
         by_node = frozenset(self._by_node)
-        self.cache.memory.keeps = None if owns is None else (
-            lambda state, key: state not in by_node or owns(key.partition(".")[0]))
+        self.cache.memory.keeps = None if kept is None else (
+            lambda state, key: state not in by_node or kept(key.partition(".")[0]))
 
-    def took(self, nodes: Callable[[str], bool]) -> None:
-        """Shards were taken (contract 8.1): what is kept of their nodes is loaded, then the nodes `nodes` says are
-        composed and their keys judged from the bus, as a restart would; the registry and the retired needs are written
-        when the first shard is among them."""
-        self.loop.run(self.cache.reload(self._by_node), self.config.request_timeout * 6)
+    def took(self, nodes: Callable[[str], bool], ready: Callable[[], None] = lambda: None) -> None:
+        """Shards were taken (contract 8.1): what is kept of their nodes is read again (what came before they were
+        taken was not kept), `ready` is told so (from then on `owns` says their nodes: composed before, they would be
+        judged from what memory missed and written wrong), then the nodes `nodes` says are composed and their keys
+        judged from the bus, as a restart would; the registry and the retired needs are written when the first shard
+        is among them."""
+        if self.writes_on is not None:
+            self.loop.run(self.cache.reload(self._by_node), self.config.request_timeout * 6)
+        ready()
         self._first_shard()
         for name in self.supervisor.children():
             if not name.startswith("node:"):

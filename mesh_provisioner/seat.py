@@ -8,10 +8,11 @@ takes over without waiting for it to age out.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Final
 
 from nats.aio.client import Client
@@ -204,11 +205,14 @@ class Seat:
         keeper = LeaseKeeper(self)
         keeper.start()
         shards = self.lease if isinstance(self.lease, ShardLeases) else None
-        self.lease.taken()  # every shard held now is composed from the start
+        # Every shard held now is loaded and composed from the start; one taken later, once `took` read it.
+        self.lease.taken()
         try:
+            self._ready(shards.mine() if shards is not None else ())
             sup = Runtime.start(
                 self.config, nc=self.nc, loop=self.loop.loop, guard=self.lease.guard, unanswered=self.lease.unanswered,
-                owns=shards.owns if shards is not None else None, taken=self.lease.taken, metrics=self.metrics,
+                owns=shards.owns if shards is not None else None, holds=shards.holds if shards is not None else None,
+                metrics=self.metrics,
             )
         except BaseException:
             keeper.stop()
@@ -232,7 +236,7 @@ class Seat:
                     break
                 taken = self.lease.taken()
                 if taken:
-                    sup.took(in_shards(taken, self.lease.shards))
+                    sup.took(in_shards(taken, self.lease.shards), functools.partial(self._ready, taken))
                 self.freezer.tick(sup.quiet)
         finally:
             if verb is not None:
@@ -243,6 +247,10 @@ class Seat:
             self.supervisor = None
             self.on_hold(None)
         return why, gave_up
+
+    def _ready(self, shards: Collection[int]) -> None:
+        """Tell the lease that what is kept of the shards' nodes is read: they are composed from now on (8.1)."""
+        self.lease_loop.run(self.lease.ready(shards), self.config.request_timeout)
 
     def serve(self, stop: threading.Event) -> int:
         """Hold the seat whenever this process can, until stop is set; 1 when the supervisor gave up or the

@@ -63,16 +63,16 @@ class Router:
         if new is None:
             return
         node = group_of(state, key)
+        p = new.get(r.Provision) if state == PROVISIONS and self.writes_on is not None else None
+        if p is not None and p.depends_on:
+            # A partitioned seat (contract 8.1): a key may depend on a shared credential of a node this process
+            # writes, which is made here when a key of another process's node depends on it or it is missing
+            # (rules/node.py `shared_credential`); the dispatcher keeps only our nodes' judgments of those.
+            new_deps = [(JUDGE, d) for d in p.depends_on[:2] if not self.dispatcher.knows((JUDGE, d))]
+            if new_deps:
+                self.dispatcher.add(new_deps, route)
         if state in NODE_STATES and self.writes_on is not None and is_token(node) and not self.writes_on(node):
-            # Another process's node (contract 8.1): nothing of it is composed, judged or looked at here, but a key of
-            # it may depend on a shared credential of a node this process writes, which is made here (rules/node.py
-            # `shared_credential`); the dispatcher keeps only our nodes' judgments of those.
-            p = new.get(r.Provision) if state == PROVISIONS else None
-            if p is not None and p.depends_on:
-                new_deps = [(JUDGE, d) for d in p.depends_on[:2] if not self.dispatcher.knows((JUDGE, d))]
-                if new_deps:
-                    self.dispatcher.add(new_deps, route)
-            return
+            return  # another process's node: nothing of it is composed, judged or looked at here
         if state in NODE_STATES and not self.dispatcher.knows((COMPOSE, node)):
             if not is_token(node):
                 # Section 7: a key whose node is not a token is bad input; nothing is composed for it (a placement

@@ -19,6 +19,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Final
 
@@ -133,6 +134,14 @@ class SeatLease:
     def owns(self, node: str) -> bool:
         """Whether this process composes a node: every node, one lease holding them all (contract 8)."""
         return True
+
+    def holds(self, node: str) -> bool:
+        """Whether this process keeps in memory what only a node's own judgments read: every node (contract 8)."""
+        return True
+
+    async def ready(self, shards: Collection[int]) -> None:
+        """What is kept of the shards' nodes is read: a partitioned seat composes them from now on (8.1). The whole
+        seat composes every node from its start."""
 
     def shard_of(self, write: Write) -> int | None:
         """The shard whose lease a write is made under: the whole seat is shard 0 of 1."""

@@ -15,6 +15,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Collection
 from datetime import UTC, datetime
 
 import msgspec
@@ -52,6 +53,8 @@ class ShardLeases(SeatLease):
         self._holding = asyncio.Lock()
         self._following: asyncio.Task[None] | None = None  # the watch of the bucket (`_follow`), from the first take
         self._members: set[str] = set()  # the other processes the watch has seen announced
+        # Shards held whose nodes this process composes: what it keeps of them was read since it took them (`ready`).
+        self._ready: set[int] = set()
 
     def record(self) -> r.Lease:
         """The lease record this process writes, with the shard count it runs with (8.1: the same for every process)."""
@@ -97,11 +100,23 @@ class ShardLeases(SeatLease):
         """Count every shard as lapsed now."""
         self._deadlines = dict.fromkeys(self._deadlines, 0.0)
 
-    def owns(self, node: str) -> bool:
-        """Whether this process composes a node: its shard is held (contract 8.1), renewed or about to be. A shard
-        whose renewal is late stays owned until the renewal fails or the shard is given back: what a node's judgments
-        read is kept meanwhile, while its writes wait for the renewal (`guard`)."""
+    def holds(self, node: str) -> bool:
+        """Whether this process keeps in memory what only a node's own judgments read: its shard is held (contract
+        8.1), renewed or about to be. A shard whose renewal is late stays held until the renewal fails or the shard is
+        given back, while its writes wait for the renewal (`guard`)."""
         return shard_of(node, self.shards) in self._revisions
+
+    def owns(self, node: str) -> bool:
+        """Whether this process composes a node: its shard is held, and what is kept of its nodes was read since it
+        was taken (`ready`). Composed before, a node would be judged from providers' entries missing from memory and
+        its keys written wrong until then."""
+        shard = shard_of(node, self.shards)
+        return shard in self._revisions and shard in self._ready
+
+    async def ready(self, shards: Collection[int]) -> None:
+        """What is kept of the shards' nodes is read: this process composes them from now on, while it holds them.
+        On the lease's loop, as every change of what is held: a shard let go meanwhile stays unready."""
+        self._ready |= {shard for shard in shards if shard in self._revisions}
 
     def shard_of(self, write: Write) -> int | None:
         """The shard whose lease a write is made under (contract 8.1); None for a state that is not the seat's."""
@@ -395,6 +410,7 @@ class ShardLeases(SeatLease):
         return holders, revisions, members, min(others, default=None)
 
     def _drop(self, shard: int) -> None:
+        self._ready.discard(shard)  # taken again, it is ready once what is kept of it was read again
         self._revisions.pop(shard, None)
         self._deadlines.pop(shard, None)
         self._renewed.pop(shard, None)

@@ -260,16 +260,22 @@ def _judge_shared(writes: Writes, key: str, want: r.Provision, now: datetime, ju
 
 def shared_credential(view: View, key: str, writes_on: Callable[[str], bool]) -> r.Provision | None:
     """The provision a provider's shared credential is, as a key depending on it from a node this seat does not
-    write says (section 4: its consumer is the provider, its provider the vault); None when no such key depends on
-    it, or no node runs mesh-vault. Such a key's own composition cannot write the credential (contract 8.1)."""
+    write says (section 4: its consumer is the provider, its provider the vault), or any key depending on it while it
+    is missing; None when no such key depends on it, or no node runs mesh-vault.
+
+    A key of another process's node cannot write the credential in its composition (contract 8.1). A key of a node
+    this seat writes does, but one composed while this seat did not yet compose the credential's node (another
+    process held it, or it was just taken) is not composed again for it: nothing it reads changed.
+    """
     if not _shaped_shared(key):
         # Said before the loop below, which a key thousands of consumers depend on would run at each of its judgments.
         return None
     vault = vault_node(view)
     if not vault:
         return None
+    missing = view.get(PROVISIONS, key) is None
     for user in sorted(view.dependents(key)):
-        if writes_on(k.node_of(user)):
+        if writes_on(k.node_of(user)) and not missing:
             continue
         p, _ = provision_of(view, user)
         # Its credential is first in its depends-on, or second when its newest build names another form (5.2).

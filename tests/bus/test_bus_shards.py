@@ -39,11 +39,30 @@ def test_8_1_a_process_takes_every_free_shard_alone_and_gives_back_half_when_ano
     assert a.mine() == [0, 1]
     assert loop.run(b.take(), 10)
     assert b.mine() == [2, 3] and b.taken() == {2, 3}
-    assert a.owns(node_in(0)) and not a.owns(node_in(2)) and b.owns(node_in(3))
+    assert a.holds(node_in(0)) and not a.holds(node_in(2)) and b.holds(node_in(3))
     loop.run(a.give_back(), 10)
     assert not a.held
     assert loop.run(b.renew(), 10)
     assert b.mine() == [0, 1, 2, 3], "a clean exit's shards are taken at the next look"
+
+
+def test_8_1_a_process_composes_a_shards_nodes_once_told_they_are_read_and_again_only_once_told_after_a_new_take(
+    loop: EventLoopThread, nc: Client
+) -> None:
+    loop.run(ensure_buckets(nc.jetstream(), SEAT_STATES, lease=LEASE), 10)
+    a, b = ShardLeases(nc, SHARDS, LEASE, holder="a"), ShardLeases(nc, SHARDS, LEASE, holder="b")
+    assert loop.run(a.take(), 10)
+    assert a.holds(node_in(2)) and not a.owns(node_in(2)), "held: kept from now on, composed once read"
+    loop.run(a.ready({0, 1, 2, 3}), 10)
+    assert all(a.owns(node_in(s)) for s in range(SHARDS))
+    loop.run(b.take(), 10)
+    loop.run(a.renew(), 10)  # a gives 2 and 3 back to b
+    loop.run(b.give_back(), 10)
+    loop.run(a.renew(), 10)  # and takes them again: what it kept of them may have missed changes meanwhile
+    assert a.mine() == [0, 1, 2, 3] and a.taken() == {0, 1, 2, 3}
+    assert a.owns(node_in(0)) and a.holds(node_in(2)) and not a.owns(node_in(2))
+    loop.run(a.ready({2, 3}), 10)
+    assert a.owns(node_in(2))
 
 
 def test_8_1_a_process_joining_or_leaving_moves_the_shares_at_once_without_waiting_for_a_look(
