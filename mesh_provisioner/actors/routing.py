@@ -16,7 +16,7 @@ from typing import Final
 from mesh_provisioner.actors.dispatch import COMPOSE, JUDGE, LOOK, Dispatcher, Judgment
 from mesh_provisioner.contract import ASK_RECORDS, BUILDS, MANIFESTS, MODULES, PLACEMENT, PROVISIONS
 from mesh_provisioner.messages import records as r
-from mesh_provisioner.rules.keys import is_token
+from mesh_provisioner.rules.keys import is_token, node_of
 from mesh_provisioner.rules.reads import NODE_STATES, token, touched
 from mesh_provisioner.rules.view import Entry, View, group_of, not_a_node
 from mesh_provisioner.rules.writing import judged_alike
@@ -63,15 +63,19 @@ class Router:
         if new is None:
             return
         node = group_of(state, key)
+        theirs = self.writes_on is not None and is_token(node) and not self.writes_on(node)
         p = new.get(r.Provision) if state == PROVISIONS and self.writes_on is not None else None
         if p is not None and p.depends_on:
             # A partitioned seat (contract 8.1): a key may depend on a shared credential of a node this process
-            # writes, which is made here when a key of another process's node depends on it or it is missing
+            # writes, which is made here when a key of another process's node depends on it, or when it is missing
             # (rules/node.py `shared_credential`); the dispatcher keeps only our nodes' judgments of those.
-            new_deps = [(JUDGE, d) for d in p.depends_on[:2] if not self.dispatcher.knows((JUDGE, d))]
+            view = self.view()
+            new_deps = [(JUDGE, d) for d in p.depends_on[:2]
+                        if (theirs or (node_of(d) != node and view.get(PROVISIONS, d) is None))
+                        and not self.dispatcher.knows((JUDGE, d))]
             if new_deps:
                 self.dispatcher.add(new_deps, route)
-        if state in NODE_STATES and self.writes_on is not None and is_token(node) and not self.writes_on(node):
+        if state in NODE_STATES and theirs:
             return  # another process's node: nothing of it is composed, judged or looked at here
         if state in NODE_STATES and not self.dispatcher.knows((COMPOSE, node)):
             if not is_token(node):
