@@ -14,6 +14,9 @@ import os
 import random
 from collections.abc import Callable
 
+from mesh_provisioner.contract import PROVISIONS
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.messages.writes import Put
 from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.node import compose_node, rejudge
 from mesh_provisioner.rules.reads import Reads, known_nodes
@@ -61,3 +64,28 @@ def test_6_a_key_judged_in_its_nodes_composition_keeps_what_its_own_judgment_rea
             failed += [f"seed {seed}{' partitioned' if partitioned else ''}: {s}" for s in said]
     assert checked > MESHES, f"only {checked} keys were judged within compositions"
     assert not failed, f"{len(failed)} key(s):\n" + "\n".join(failed[:20])
+
+
+def test_6_a_partitioned_composition_keeps_the_read_sets_of_its_keys_of_a_shared_credentials_form_too() -> None:
+    # Contract 8.1: a partitioned seat's own judgment of such a key first reads the keys depending on it
+    # (`shared_credential`); the composition reads them too, so the key is not judged again only to learn them.
+    def writes_on(node: str) -> bool:
+        return shard_of(node, 2) == 0
+
+    kept, missing = 0, []
+    for seed in range(1, MESHES + 1):
+        view = view_of(generate(seed).inputs.items())
+        for node in sorted(n for n in known_nodes(view) if writes_on(n)):
+            reads = Reads(view)
+            done = compose_node(reads, node, NOW, writes_on)
+            for w in done.writes:
+                p = r.decode(r.Provision, w.value) if isinstance(w, Put) and w.state == PROVISIONS else None
+                shaped = w.key.count(".") == 2 and w.key.endswith("-credential")
+                if p is None or p.state == r.RETIRING or not shaped or not w.key.startswith(f"{node}."):
+                    continue  # one of another node is judged apart (`_judge_elsewhere`), by a whole seat too
+                kept += 1
+                if w.key not in reads.judged:
+                    missing.append(f"seed {seed}, composing {node}: {w.key}")
+            apply(view, done.writes)
+    assert kept > MESHES // 4, f"only {kept} keys of a shared credential's form were written"
+    assert not missing, "\n".join(missing[:20])
