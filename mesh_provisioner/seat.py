@@ -208,7 +208,8 @@ class Seat:
         # Every shard held now is loaded and composed from the start; one taken later, once `took` read it.
         self.lease.taken()
         try:
-            self._ready(shards.mine() if shards is not None else ())
+            if shards is not None:
+                self._ready(shards.mine())
             sup = Runtime.start(
                 self.config, nc=self.nc, loop=self.loop.loop, guard=self.lease.guard, unanswered=self.lease.unanswered,
                 owns=shards.owns if shards is not None else None, holds=shards.holds if shards is not None else None,
@@ -236,7 +237,8 @@ class Seat:
                     break
                 taken = self.lease.taken()
                 if taken:
-                    sup.took(in_shards(taken, self.lease.shards), functools.partial(self._ready, taken))
+                    ready = functools.partial(self._ready, taken) if shards is not None else (lambda: None)
+                    sup.took(in_shards(taken, self.lease.shards), ready)
                 self.freezer.tick(sup.quiet)
         finally:
             if verb is not None:

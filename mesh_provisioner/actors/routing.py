@@ -16,7 +16,7 @@ from typing import Final
 from mesh_provisioner.actors.dispatch import COMPOSE, JUDGE, LOOK, Dispatcher, Judgment
 from mesh_provisioner.contract import ASK_RECORDS, BUILDS, MANIFESTS, MODULES, PLACEMENT, PROVISIONS
 from mesh_provisioner.messages import records as r
-from mesh_provisioner.rules.keys import is_token, node_of
+from mesh_provisioner.rules.keys import is_token, node_of, shaped_as_shared_credential
 from mesh_provisioner.rules.reads import NODE_STATES, token, touched
 from mesh_provisioner.rules.view import Entry, View, group_of, not_a_node
 from mesh_provisioner.rules.writing import judged_alike
@@ -71,7 +71,8 @@ class Router:
             # (rules/node.py `shared_credential`); the dispatcher keeps only our nodes' judgments of those.
             view = self.view()
             new_deps = [(JUDGE, d) for d in p.depends_on[:2]
-                        if (theirs or (node_of(d) != node and view.get(PROVISIONS, d) is None))
+                        if (theirs or (shaped_as_shared_credential(d) and node_of(d) != node
+                                       and view.get(PROVISIONS, d) is None))
                         and not self.dispatcher.knows((JUDGE, d))]
             if new_deps:
                 self.dispatcher.add(new_deps, route)

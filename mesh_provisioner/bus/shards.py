@@ -115,8 +115,9 @@ class ShardLeases(SeatLease):
 
     async def ready(self, shards: Collection[int]) -> None:
         """What is kept of the shards' nodes is read: this process composes them from now on, while it holds them.
-        On the lease's loop, as every change of what is held: a shard let go meanwhile stays unready."""
-        self._ready |= {shard for shard in shards if shard in self._revisions}
+        On the lease's loop, as every change of what is held: a shard let go meanwhile stays unready, and so does one
+        taken again since (`taken` hands it over again, to be read again)."""
+        self._ready |= {shard for shard in shards if shard in self._revisions and shard not in self._taken}
 
     def shard_of(self, write: Write) -> int | None:
         """The shard whose lease a write is made under (contract 8.1); None for a state that is not the seat's."""

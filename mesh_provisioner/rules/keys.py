@@ -85,6 +85,12 @@ def node_of(key: str) -> str:
     return key.split(".", 1)[0]
 
 
+def shaped_as_shared_credential(key: str) -> bool:
+    """Whether a key has the form of a provider's shared credential, `<provider node>.<provider>.<provision>-credential`
+    (section 4): only such a key may be one another key depends on as that."""
+    return key.count(".") == 2 and key.endswith(CREDENTIAL_SUFFIX)
+
+
 def want_key(node: str, module: str) -> str:
     """`want.<node>.<module>`."""
     return "want." + plan_key(node, module)

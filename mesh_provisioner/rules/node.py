@@ -263,23 +263,26 @@ def shared_credential(view: View, key: str, writes_on: Callable[[str], bool]) ->
     write says (section 4: its consumer is the provider, its provider the vault), or any key depending on it while it
     is missing; None when no such key depends on it, or no node runs mesh-vault.
 
-    A key of another process's node cannot write the credential in its composition (contract 8.1). A key of a node
-    this seat writes does, but one composed while this seat did not yet compose the credential's node (another
-    process held it, or it was just taken) is not composed again for it: nothing it reads changed.
+    A key of another process's node cannot write the credential in its composition (contract 8.1). A key of another
+    node this seat writes does, but one composed while this seat did not yet compose the credential's node (another
+    process held it, or it was just taken) is not composed again for it: nothing it reads changed. A key of the
+    credential's own node is composed with it, and a retiring key needs nothing (as with S = 1).
     """
-    if not _shaped_shared(key):
+    if not k.shaped_as_shared_credential(key):
         # Said before the loop below, which a key thousands of consumers depend on would run at each of its judgments.
         return None
     vault = vault_node(view)
     if not vault:
         return None
     missing = view.get(PROVISIONS, key) is None
+    node = k.node_of(key)
     for user in sorted(view.dependents(key)):
-        if writes_on(k.node_of(user)) and not missing:
+        there = k.node_of(user)
+        if writes_on(there) and not (missing and there != node):
             continue
         p, _ = provision_of(view, user)
         # Its credential is first in its depends-on, or second when its newest build names another form (5.2).
-        if p is None or key not in p.depends_on[:2]:
+        if p is None or p.state == r.RETIRING or key not in p.depends_on[:2]:
             continue
         if k.credential_key("shared", p.consumer, p.provider, p.provision, p.local) != key:
             continue
@@ -287,12 +290,6 @@ def shared_credential(view: View, key: str, writes_on: Callable[[str], bool]) ->
         return r.Provision(provision=cprovision, local=clocal, consumer=r.End(module=cmodule, node=cnode),
                            provider=r.End(module=VAULT_MODULE, node=vault))
     return None
-
-
-def _shaped_shared(key: str) -> bool:
-    """Whether a key has the form of a provider's shared credential, `<provider node>.<provider>.<provision>-credential`
-    (section 4): only such a key may be one another key depends on as that."""
-    return key.count(".") == 2 and key.endswith(k.CREDENTIAL_SUFFIX)
 
 
 def _judge_node(

@@ -54,13 +54,17 @@ def test_8_1_a_process_composes_a_shards_nodes_once_told_they_are_read_and_again
     assert loop.run(a.take(), 10)
     assert a.holds(node_in(2)) and not a.owns(node_in(2)), "held: kept from now on, composed once read"
     loop.run(a.ready({0, 1, 2, 3}), 10)
+    assert not a.owns(node_in(2)), "not handed over yet (`taken`): not read yet either"
+    assert a.taken() == {0, 1, 2, 3}
+    loop.run(a.ready({0, 1, 2, 3}), 10)
     assert all(a.owns(node_in(s)) for s in range(SHARDS))
     loop.run(b.take(), 10)
     loop.run(a.renew(), 10)  # a gives 2 and 3 back to b
     loop.run(b.give_back(), 10)
-    loop.run(a.renew(), 10)  # and takes them again: what it kept of them may have missed changes meanwhile
-    assert a.mine() == [0, 1, 2, 3] and a.taken() == {0, 1, 2, 3}
+    # a takes them again once their keys are deleted: what it kept of them may have missed changes meanwhile.
+    wait_until(lambda: loop.run(a.renew(), 10) and a.mine() == [0, 1, 2, 3], 10, 0.05, "a takes 2 and 3 again")
     assert a.owns(node_in(0)) and a.holds(node_in(2)) and not a.owns(node_in(2))
+    assert a.taken() == {2, 3}
     loop.run(a.ready({2, 3}), 10)
     assert a.owns(node_in(2))
 

@@ -206,3 +206,27 @@ def test_8_1_a_partitioned_key_judgment_reads_who_depends_on_it_only_for_a_share
             assert (("dependents", key) in reads.tokens) == shared, key
             checked["credential" if shared else "other"] += 1
     assert all(checked.values()), f"no key of some kind had dependents: {checked}"
+
+
+def test_8_1_settles_fixed_point_is_one_of_every_split_of_the_nodes_too() -> None:
+    # Contract 8.1: the fixed point is the one S = 1 reaches. There, a process writing any part of the nodes composes
+    # and judges (every key, and every key one depends on: a missing shared credential too) without writing anything.
+    checked, wrote = 0, []
+    for seed in range(1, MESHES + 1):
+        view = expected(generate(seed).inputs)
+        keys = set(view.keys(PROVISIONS))
+        keys |= {d for key in list(keys) if (p := provision_of(view, key)[0]) is not None for d in p.depends_on}
+        for shards in (1, 2, 3):
+            for part in range(shards):
+                def writes_on(node: str, shards: int = shards, part: int = part) -> bool:
+                    return shard_of(node, shards) == part
+
+                for key in sorted(k for k in keys if writes_on(node_of(k))):
+                    checked += 1
+                    if rejudge(view, key, NOW, writes_on).writes:
+                        wrote.append(f"seed {seed}, part {part} of {shards}: judging {key}")
+                for node in sorted(n for n in known_nodes(view) if writes_on(n)):
+                    if compose_node(view, node, NOW, writes_on).writes:
+                        wrote.append(f"seed {seed}, part {part} of {shards}: composing {node}")
+    assert checked > MESHES, f"only {checked} keys judged"
+    assert not wrote, f"{len(wrote)} judgment(s) wrote at the fixed point:\n" + "\n".join(wrote[:20])
