@@ -135,10 +135,6 @@ class SeatLease:
         """Whether this process composes a node: every node, one lease holding them all (contract 8)."""
         return True
 
-    def holds(self, node: str) -> bool:
-        """Whether this process keeps in memory what only a node's own judgments read: every node (contract 8)."""
-        return True
-
     async def ready(self, shards: Collection[int]) -> None:
         """What is kept of the shards' nodes is read: a partitioned seat composes them from now on (8.1). The whole
         seat composes every node from its start."""

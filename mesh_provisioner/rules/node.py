@@ -260,8 +260,9 @@ def _judge_shared(writes: Writes, key: str, want: r.Provision, now: datetime, ju
 
 def shared_credential(view: View, key: str, writes_on: Callable[[str], bool]) -> r.Provision | None:
     """The provision a provider's shared credential is, as a key depending on it from a node this seat does not
-    write says (section 4: its consumer is the provider, its provider the vault), or any key depending on it while it
-    is missing; None when no such key depends on it, or no node runs mesh-vault.
+    write says (section 4: its consumer is the provider, its provider the vault), or, while the credential is missing,
+    a key of another node depending on it; never a retiring key. None when no such key depends on it, or no node runs
+    mesh-vault.
 
     A key of another process's node cannot write the credential in its composition (contract 8.1). A key of another
     node this seat writes does, but one composed while this seat did not yet compose the credential's node (another
