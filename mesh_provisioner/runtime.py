@@ -44,7 +44,7 @@ from mesh_provisioner.bus.registry import RegistryWriter
 from mesh_provisioner.bus.store import Applied, Store
 from mesh_provisioner.bus.unanswered import Unanswered
 from mesh_provisioner.config import Config
-from mesh_provisioner.contract import NEEDS, REGISTRY, RESOLVED, bound
+from mesh_provisioner.contract import NEEDS, REGISTRY
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.protocol import (
     ChildExited,
@@ -57,6 +57,7 @@ from mesh_provisioner.messages.protocol import (
 )
 from mesh_provisioner.messages.writes import Put, Write
 from mesh_provisioner.metrics import Metrics
+from mesh_provisioner.rules.kept import Kept, kept_states
 from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.order import providers_first
 from mesh_provisioner.rules.reads import Reads, known_nodes
@@ -109,9 +110,8 @@ class Runtime:
         self._registry: RegistryWriter | None = None  # the operator's registry file, read when the seat is taken
         self._registry_done = False  # written (and the needs retired) once this holds the shard that writes them
         self.writes_on: Callable[[str], bool] | None = None  # the nodes this seat composes; None: all (`scope`)
-        # The states only their own node's judgments read, kept by node (`scope`, contract 8.1): the providers'
-        # entries, and mesh-config's resolutions (read by the composition of their node alone, rules/compose.py).
-        self._by_node = (*(bound(p) for p in config.bound_reads), RESOLVED)
+        # The states a partitioned seat keeps only some keys of, by the nodes it holds (`scope`, rules/kept.py).
+        self._by_node = kept_states(config.bound_reads)
         self._closed = False
         link(nc).on_closed(self._connection_closed)
         self.ref = HostActor.start(self)
@@ -138,8 +138,8 @@ class Runtime:
         what `stop` undoes. `guard` says why this process may not make a write now ("" when it may): the seat's lease
         (contract 8), or its key's shard's (8.1); `unanswered` counts the writes sent under it and not yet answered,
         which a lease given back waits for (bus/unanswered.py). `owns` says which nodes this process composes, a
-        partitioned seat's (8.1); None: every node. `holds` says of which nodes memory keeps what only their own
-        judgments read (default: those it composes); a node held and not yet composed is handed over by `took`.
+        partitioned seat's (8.1); None: every node. `holds` says the nodes whose judgments' reads memory keeps
+        (rules/kept.py; default: those it composes); a node held and not yet composed is handed over by `took`.
         """
         attached = Attachment.open(config, nc=nc, loop=loop)
         thread, nc = attached.loop, attached.nc
@@ -170,16 +170,17 @@ class Runtime:
         return seat
 
     def scope(self, owns: Callable[[str], bool] | None, holds: Callable[[str], bool] | None = None) -> None:
-        """Compose only the nodes `owns` says (a partitioned seat's shards, contract 8.1), and keep only the keys of
-        the nodes `holds` says (default: `owns`) of the states no other node's judgment reads (the providers' entries,
-        mesh-config's resolutions); None: every node."""
+        """Compose only the nodes `owns` says (a partitioned seat's shards, contract 8.1), and keep in memory only
+        what the judgments of the nodes `holds` says (default: `owns`) read (rules/kept.py); None: every node."""
         self.writes_on = owns
         self.router.writes_on = owns
         self.dispatcher.scope = None if owns is None else (lambda j: owns(j[1].partition(".")[0]))
-        kept = holds or owns
-        by_node = frozenset(self._by_node)
-        self.cache.memory.keeps = None if kept is None else (
-            lambda state, key: state not in by_node or kept(key.partition(".")[0]))
+        holds = holds or owns
+        self.cache.memory.keeping = None if holds is None else Kept(self.view, holds)
+
+    def keeps_whole(self, state: str) -> bool:
+        """Whether memory holds every key of a state (all but some states of a partitioned seat's, rules/kept.py)."""
+        return self.cache.memory.keeping is None or state not in self._by_node
 
     def took(self, nodes: Callable[[str], bool], ready: Callable[[], None] = lambda: None) -> None:
         """Shards were taken (contract 8.1): what is kept of their nodes is read again (what came before they were

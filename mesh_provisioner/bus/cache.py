@@ -12,6 +12,9 @@ current values, then follows its changes.
   old watcher is stopped and its consumer deleted, the bucket's current values are loaded anew and reconciled
   with memory, so that changes made while the seat was away arrive as changes.
 - A writer puts its own successful write in at once (`note_written`, read your writes).
+- A partitioned seat's memory keeps only some keys (`Memory.keeping`, rules/kept.py): the states that decide which are
+  loaded first, the others' values not kept are dropped as they load, and a change that widens what is kept is
+  applied only once the states it widens are loaded again.
 
 The view is changed only on the loop's thread; other threads read it as it is.
 """
@@ -21,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any
 
 import nats.errors
 import nats.js.errors
@@ -114,6 +118,8 @@ class Cache:
         self._loading: set[str] = set()
         self._missing: set[str] = set()  # states whose bucket does not exist (section 2)
         self._loaded = asyncio.Event()
+        self._progress = asyncio.Event()  # set each time a state is loaded
+        self._background: set[asyncio.Task[None]] = set()  # the start of the others, reloads: cancelled by `stop`
         self._synced = False
         self._created: dict[str, asyncio.Event] = {}
         self._advisories: Subscription | None = None
@@ -138,14 +144,39 @@ class Cache:
         return self._link.requests
 
     async def start(self) -> None:
-        """Start every watch; returns at once (see `wait_synced`). Runs on the loop that owns the connection."""
+        """Start every watch; returns at once (see `wait_synced`). Runs on the loop that owns the connection.
+
+        When memory keeps only some keys (`Memory.keeping`), the states that decide which are loaded first: the
+        others are then kept as they load, not loaded whole and dropped after.
+        """
         self._loop = asyncio.get_running_loop()
         self._loading = set(self.states)
         self._loaded.clear()
         self._advisories = await self._nc.subscribe(STREAM_ADVISORIES, cb=self._advisory)
         self._link.on_reconnected(self._reconnected)
-        for state in self.states:
+        keeping = self.memory.keeping
+        first = [s for s in keeping.deciding if s in self.states] if keeping is not None else []
+        for state in first:
             self._restart(state)
+        rest = [s for s in self.states if s not in first]
+        if first:
+            self._in_background(self._start_after(first, rest), "cache start")
+        else:
+            for state in rest:
+                self._restart(state)
+
+    def _in_background(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run work on the loop beside the watches, until done or `stop`."""
+        task = asyncio.create_task(work, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _start_after(self, first: list[str], rest: list[str]) -> None:
+        """Start the watches of `rest` once the states of `first` are loaded."""
+        await self._wait_loaded(first)
+        for state in rest:
+            if state not in self._tasks:
+                self._restart(state)
 
     async def wait_synced(self, timeout: float | None = None) -> None:
         """Wait until every existing bucket's values are loaded; TimeoutError past `timeout` seconds."""
@@ -177,7 +208,13 @@ class Cache:
         self._loaded.clear()
         for state in states:
             self._restart(state)
-        await self._loaded.wait()
+        await self._wait_loaded(states)
+
+    async def _wait_loaded(self, states: Iterable[str]) -> None:
+        """Wait until none of the states is loading."""
+        while any(s in self._loading for s in states):
+            self._progress.clear()
+            await self._progress.wait()
 
     async def caught_up(self) -> bool:
         """Whether every change JetStream holds of every watched bucket has been applied to memory now.
@@ -244,6 +281,7 @@ class Cache:
         """Stop every watch and delete its consumer; the view keeps what it holds."""
         self._link.remove_listener(self._reconnected)
         tasks = list(self._tasks.values())
+        tasks += self._background
         if self._resync_task is not None:
             tasks.append(self._resync_task)
         self._tasks.clear()
@@ -344,20 +382,34 @@ class Cache:
 
     async def _load(self, state: str, watcher: KeyValue.KeyWatcher, last: int, messages: int = 0) -> None:
         """Read the bucket's current values through a new watch (`first_values`) and reconcile memory with them."""
-        snapshot = await first_values(watcher, bucket(state), last, messages, self._load_timeout)
-        self._latest[state] = max([last, *(e.revision or 0 for e in snapshot.values())])
+        keeping = self.memory.keeping
+        keep = None if keeping is None else (lambda key, raw: keeping.keeps(state, key, raw))
+        snapshot, newest = await first_values(watcher, bucket(state), last, messages, self._load_timeout, keep)
+        self._latest[state] = newest
         contents = {k: content(e) for k, e in snapshot.items()}
         # Kept a few at a time, the loop given back after each stretch (bus/watch.py): a bucket of tens of thousands
         # of keys would hold it for the whole decoding. Each key is told as it is kept, so whoever read a key early
         # is woken by it.
         keys = list(contents)
+        widened: set[str] = set()
+        deciding = keeping is not None and state in keeping.deciding
         stretch = Stretch()
-        for start in range(0, max(len(keys) - CHUNK, 0), CHUNK):
-            self.memory.take(state, {k: contents[k] for k in keys[start:start + CHUNK]}, last)
+        for start in range(0, len(keys), CHUNK):
+            chunk = {k: contents[k] for k in keys[start:start + CHUNK]}
+            if deciding:
+                assert keeping is not None
+                widened.update(w for k, (raw, _) in chunk.items() for w in keeping.widens(state, k, raw))
+            if start + CHUNK >= len(keys):
+                break  # the last few are kept by `reconcile`
+            self.memory.take(state, chunk, last)
             if stretch.over():
                 await asyncio.sleep(0)
         self.memory.reconcile(state, contents, last)
         self._done_loading(state)
+        # What memory keeps widened as this loaded: states loaded before (a resync's) are read again.
+        again = [s for s in widened if s in self._tasks and s != state]
+        if again:
+            self._in_background(self.reload(again), f"cache reload after {state}")
 
     async def _follow(self, state: str, watcher: KeyValue.KeyWatcher) -> None:
         """Apply a watch's changes as they come, until it is stopped, giving the loop back after each stretch."""
@@ -369,12 +421,17 @@ class Cache:
                 await asyncio.sleep(0)
             if update is not None:
                 raw, revision = content(update)
+                keeping = self.memory.keeping
+                if keeping is not None and state in keeping.deciding:
+                    # Read again before the change is applied: nothing reads what memory keeps of it before then.
+                    await self.reload(keeping.widens(state, update.key, raw))
                 self.memory.receive(state, update.key, raw, revision)
                 self._latest[state] = max(self._latest.get(state, 0), revision)
 
     def _done_loading(self, state: str) -> None:
         """Note that a state's bucket is loaded (or missing); once all are, the cache is synced."""
         self._loading.discard(state)
+        self._progress.set()
         if not self._loading and not self._loaded.is_set():
             self._loaded.set()
             if not self._synced:

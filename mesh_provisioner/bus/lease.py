@@ -297,7 +297,7 @@ async def read_leases(nc: Client, kv: KeyValue, seconds: float) -> dict[str, tup
     _, info = await open_bucket(nc.jetstream(), SEAT)
     watcher = await kv.watchall()
     try:
-        values = await first_values(watcher, SEAT, info.state.last_seq or 0, info.state.messages or 0, seconds)
+        values, _ = await first_values(watcher, SEAT, info.state.last_seq or 0, info.state.messages or 0, seconds)
     finally:
         await drop_watch(nc, nc.jetstream(), info.config.name or "", watcher)
     leases: dict[str, tuple[r.Lease, int]] = {}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.view import Entry, entry_of
@@ -26,15 +27,30 @@ Listener = Callable[[str, str, Entry | None, Entry | None, bool], None]
 seat made it itself."""
 
 
+class Keeping(Protocol):
+    """Which keys memory keeps, and the states that decide it (rules/kept.py `Kept`)."""
+
+    deciding: tuple[str, ...]
+    """The states loaded before the others; a change of one may widen what is kept."""
+
+    def keeps(self, state: str, key: str, raw: bytes) -> bool:
+        """Whether memory keeps a key at this value."""
+        ...
+
+    def widens(self, state: str, key: str, raw: bytes | None) -> tuple[str, ...]:
+        """The states to read again before a change is applied, memory keeping more of them after it."""
+        ...
+
+
 class Memory:
     """A MemoryView changed only forwards, counting its changes and telling each to a listener."""
 
     def __init__(self, view: MemoryView, on_change: Listener | None = None) -> None:
         self.view = view
         self.on_change = on_change
-        # Which keys memory keeps (a partitioned seat's, contract 8.1: a provider's entries for the keys of the
-        # nodes it composes); None: every key. A key not kept is not held at all, not even as deleted.
-        self.keeps: Callable[[str, str], bool] | None = None
+        # Which keys memory keeps (a partitioned seat's, contract 8.1: rules/kept.py); None: every key. A key not
+        # kept is not held at all, not even as deleted.
+        self.keeping: Keeping | None = None
         self.changes = 0  # changes applied to the view so far
         self._gone: dict[str, dict[str, int]] = defaultdict(dict)  # deleted keys' revisions, so none comes back
         self._floor: dict[str, int] = {}  # per state: every revision up to it is in memory already
@@ -109,7 +125,7 @@ class Memory:
 
     def set(self, state: str, key: str, raw: bytes | None, revision: int, ours: bool = False) -> None:
         """Set a key in the view (None: delete it) and tell the listener; a bad key or value is logged."""
-        if raw is not None and self.keeps is not None and not self.keeps(state, key):
+        if raw is not None and self.keeping is not None and not self.keeping.keeps(state, key, raw):
             if self.view.get(state, key) is None:
                 return
             raw = None  # a key memory no longer keeps leaves it, as a delete

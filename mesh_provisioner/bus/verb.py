@@ -1,9 +1,10 @@
 """The seat's verb on the bus (contract 9): a NATS micro service answering `mesh-provisioner.provisioning`.
 
 The answer is `rules.verb.answer` over a view of the bus (the cache's, read on the loop that changes it, so every
-reply is one consistent picture). As a NATS service it is discoverable: `$SRV.PING`, `$SRV.INFO` and `$SRV.STATS`
-(each also `.mesh-provisioner` and `.mesh-provisioner.<id>`) answer with its name, version and endpoint. Several
-seat processes may serve it at once: the endpoint's queue group gives each request to one of them.
+reply is one consistent picture; a state a partitioned seat keeps only in part is read from the bus whole). As a NATS
+service it is discoverable: `$SRV.PING`, `$SRV.INFO` and `$SRV.STATS` (each also `.mesh-provisioner` and
+`.mesh-provisioner.<id>`) answer with its name, version and endpoint. Several seat processes may serve it at once: the
+endpoint's queue group gives each request to one of them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from nats.micro import add_service
 from nats.micro.request import Request
 from nats.micro.service import Endpoint, EndpointConfig, Service, ServiceConfig
 
+from mesh_provisioner.bus.snapshot import snapshot
 from mesh_provisioner.contract import VERB_ENDPOINT, VERB_SERVICE, VERB_SUBJECT
 from mesh_provisioner.rules import verb
 from mesh_provisioner.rules.view import View
@@ -42,12 +44,27 @@ def version() -> str:
         return "0.0.0"
 
 
-async def serve_verb(nc: Client, view: View | Callable[[], View], *, service_version: str | None = None) -> Service:
+async def serve_verb(
+    nc: Client,
+    view: View | Callable[[], View],
+    *,
+    whole: Callable[[str], bool] = lambda state: True,
+    service_version: str | None = None,
+    timeout: float = 10.0,
+) -> Service:
     """Serve the verb on `nc` from a view (or a callable answering the current one); answers the started service.
 
-    Runs on the loop that owns `nc`; the handler runs there too. Stop it with `await service.stop()`.
+    A state the view does not hold whole (`whole` says; a partitioned seat's memory keeps only what its judgments
+    read, contract 8.1) is read from the bus for the request, within `timeout` s. Runs on the loop that owns `nc`;
+    the handler runs there too. Stop it with `await service.stop()`.
     """
     current: Callable[[], View] = view if callable(view) else (lambda: view)
+
+    async def source(request: bytes) -> View:
+        state = verb.asked(request)
+        if state is None or whole(state):
+            return current()
+        return await snapshot(nc, states=[state], timeout=timeout)
     endpoints: list[Endpoint] = []
 
     def count_error(why: str) -> None:
@@ -59,7 +76,7 @@ async def serve_verb(nc: Client, view: View | Callable[[], View], *, service_ver
 
     async def handle(request: Request) -> None:
         try:
-            reply = verb.reply(current(), request.data)
+            reply = verb.reply(await source(request.data), request.data)
         except Exception as err:
             # Contract section 7: nothing read can crash the seat; a request that finds a bug is told so.
             log.exception("the verb could not answer a request")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Final
 
 import nats.errors
@@ -99,9 +100,12 @@ def content(entry: KeyValue.Entry) -> tuple[bytes | None, int]:
 
 
 async def first_values(
-    watcher: KeyValue.KeyWatcher, name: str, last: int, messages: int, load_timeout: float
-) -> dict[str, KeyValue.Entry]:
-    """The bucket `name`'s current values, by key, as a new watch delivers them first.
+    watcher: KeyValue.KeyWatcher, name: str, last: int, messages: int, load_timeout: float,
+    keep: Callable[[str, bytes], bool] | None = None,
+) -> tuple[dict[str, KeyValue.Entry], int]:
+    """The bucket `name`'s current values, by key, as a new watch delivers them first, and the newest revision
+    delivered (`last` at least). `keep` says which values to hold on to (a delete is always held): the others are
+    dropped as they come, never all held at once.
 
     `last` is the stream's last revision and `messages` its count of messages from just before the watch
     started: everything up to `last` is in the values the watch delivers first, in order, and the last of them
@@ -120,8 +124,10 @@ async def first_values(
     waited the whole `load_timeout`, failed, and was made again).
     """
     if not messages:
-        return {}
+        return {}, last
     snapshot: dict[str, KeyValue.Entry] = {}
+    newest = last
+    seen = 0
     stretch = Stretch()
     quiet = False
     loop = asyncio.get_running_loop()
@@ -143,16 +149,22 @@ async def first_values(
                     moved = now
                 if update is None:
                     continue
-                snapshot[update.key] = update
-                if (update.revision or 0) >= last:
+                revision = update.revision or 0
+                if keep is None or update.operation in (KV_DEL, KV_PURGE) or keep(update.key, update.value or b""):
+                    snapshot[update.key] = update
+                else:
+                    snapshot.pop(update.key, None)
+                if revision >= last:
+                    newest = revision
                     break
                 quiet = not update.delta
-                if len(snapshot) % CHUNK == 0 and stretch.over():
+                seen += 1
+                if seen % CHUNK == 0 and stretch.over():
                     await asyncio.sleep(0)  # queued values do not yield the loop: a host's tasks get theirs
     except TimeoutError:
         if not quiet:
             raise nats.errors.TimeoutError from None
-    return snapshot
+    return snapshot, newest
 
 
 async def drop_watch(nc: Client, js: JetStreamContext, stream: str, watcher: KeyValue.KeyWatcher) -> None:

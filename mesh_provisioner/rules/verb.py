@@ -129,6 +129,12 @@ def item(view: View, state: str, key: str) -> Item | None:
     return Item(key, msgspec.Raw(e.raw))
 
 
+def asked(request: bytes) -> str | None:
+    """The state a request reads; None when it is refused (`parse`)."""
+    req = parse(request)
+    return None if isinstance(req, Error) else STATES[req.what]
+
+
 def reply(view: View, request: bytes) -> Reply:
     """The verb's reply to a request, as a record (contract 9)."""
     req = parse(request)

@@ -3,9 +3,25 @@ of the shards it holds, and of a shard it takes."""
 
 from __future__ import annotations
 
+import json
+
+from nats.aio.msg import Msg
 from seatbus import Bus, Seats, assert_fixed_point, plans, provisions, seat_config, settle
 
-from mesh_provisioner.contract import RESOLVED, WANTS, bound
+from mesh_provisioner.bus.connection import subject_of
+from mesh_provisioner.contract import (
+    BUILDS,
+    HAVE,
+    MANIFESTS,
+    MODULES,
+    PLACEMENT,
+    PLANS,
+    PROVISIONS,
+    REFUSED,
+    RESOLVED,
+    WANTS,
+    bound,
+)
 from mesh_provisioner.rules.shards import shard_of
 
 
@@ -100,4 +116,88 @@ def test_8_1_a_shared_credential_missing_when_its_nodes_shard_is_taken_is_made_t
     made = provisions(mesh).get(credential)
     assert made is not None and made.state == "provided", made
     sup.stop()
+    assert_fixed_point(mesh)
+
+
+def _place(mesh: Bus, node: str, module: str, manifest: dict[str, object]) -> None:
+    """Place a module of its own manifest on a node, wanted and running healthy."""
+    mesh.put(MANIFESTS, f"m-{module}", manifest)
+    mesh.put(MODULES, module, {"module": module, "fp": "1", "manifest": f"m-{module}"})
+    mesh.put(BUILDS, f"{module}.1", {"module": module, "fp": "1", "manifest": f"m-{module}"})
+    placement = json.loads(mesh.get(PLACEMENT, node) or b"{}")
+    mesh.put(PLACEMENT, node, {"node": node, "modules": [*placement["modules"], {"module": module}]})
+    mesh.put(WANTS, f"want.{node}.{module}", {"fp": "1"})
+    mesh.put(HAVE, f"{node}.{module}", {"fp": "1", "phase": "running", "health": "ok"})
+
+
+def _held(sup: object, node: str) -> dict[str, list[str]]:
+    """The keys of a node a seat's memory holds, by state, of the states a partitioned seat keeps in part."""
+    view = sup.view  # type: ignore[attr-defined]
+    return {state: keys for state in (PLANS, PROVISIONS, REFUSED, WANTS, HAVE)
+            if (keys := sorted(k for k in view.keys(state) if k.split(".")[1 if state == WANTS else 0] == node))}
+
+
+def test_8_1_a_process_keeps_of_another_nodes_keys_only_its_providers_modules_and_who_depends_on_its_own(
+    mesh: Bus, seats: Seats
+) -> None:
+    # Of 3 shards, ace (the providers, and wiki, which provides nothing) is in 0, bee (the consumers) in 2. Each
+    # process's judgments read of the other node only its providers' modules' keys (a consumer's depends-on names
+    # them, 5.1) and the keys that depend on its own (who a shared credential is made from, 5.2): it keeps no more.
+    shards = 3
+    _place(mesh, "ace", "wiki", {"name": "wiki", "requires": [{"provision": "postgres-database", "local": "main"}]})
+    of_ace = seats.start(seat_config(mesh.url), owns=lambda node: shard_of(node, shards) == 0)
+    of_bee = seats.start(seat_config(mesh.url), owns=lambda node: shard_of(node, shards) == 2)
+    settle(of_ace)
+    settle(of_bee)
+    settle(of_ace)
+    assert "ace.wiki" in plans(mesh) and "ace.wiki.postgres-database.main" in provisions(mesh)
+    ace = _held(of_bee, "ace")
+    assert not [key for keys in ace.values() for key in keys if ".wiki" in key], ace
+    assert "ace.gitea" in ace[PLANS] and "ace.gitea.postgres-database.main" in ace[PROVISIONS], \
+        "a provider's plan and own keys, which its consumers' keys depend on, are kept"
+    assert "ace.postgres" in ace[HAVE] and "want.ace.postgres" in ace[WANTS], "a provider's have and want are kept"
+    assert REFUSED not in _held(of_ace, "bee"), "another node's refusals are not kept"
+    # webapp's keys of postgres and of gitea depend on ace's (the shared credential, gitea's own database); its key
+    # of keycloak, which needs nothing, does not.
+    assert "bee.webapp.oidc-client" in provisions(mesh)
+    assert _held(of_ace, "bee")[PROVISIONS] == ["bee.webapp.forge-account", "bee.webapp.postgres-database"], \
+        "of another node's keys not a provider's, only those depending on this process's are kept"
+    of_ace.stop()
+    of_bee.stop()
+    assert_fixed_point(mesh)
+
+
+def test_8_1_a_module_becoming_a_provider_has_its_keys_read_before_any_consumer_judges_them(
+    mesh: Bus, seats: Seats
+) -> None:
+    # minio, on ace, provides nothing: bee's process keeps none of its keys. Its manifest then offers the
+    # object-storage bee's reports requires: before bee's process sees that manifest, it reads minio's have again,
+    # so that reports' key is judged provided at once, never "says nothing yet" from a have memory did not keep.
+    shards = 3
+    _place(mesh, "ace", "minio", {"name": "minio"})
+    seen: list[bytes] = []
+    key = "bee.reports.object-storage"
+
+    async def watch() -> None:
+        async def got(msg: Msg) -> None:
+            seen.append(msg.data)
+        await mesh.nc.subscribe(subject_of(PROVISIONS, key), cb=got)
+
+    mesh.run(watch)
+    of_ace = seats.start(seat_config(mesh.url), owns=lambda node: shard_of(node, shards) == 0)
+    of_bee = seats.start(seat_config(mesh.url), owns=lambda node: shard_of(node, shards) == 2)
+    settle(of_ace)
+    settle(of_bee)
+    assert mesh.refusal("bee.reports") is not None, "nothing provides what reports requires yet"
+    assert HAVE not in _held(of_bee, "ace") or "ace.minio" not in _held(of_bee, "ace")[HAVE]
+    mesh.put(MANIFESTS, "m-minio", {"name": "minio", "provides": ["object-storage"]})
+    settle(of_ace)
+    settle(of_bee)
+    settle(of_ace)
+    made = provisions(mesh).get(key)
+    assert made is not None and made.state == "provided", made
+    said = [json.loads(value).get("why", "") for value in seen if value]
+    assert not [why for why in said if "says nothing yet" in why], said
+    of_ace.stop()
+    of_bee.stop()
     assert_fixed_point(mesh)

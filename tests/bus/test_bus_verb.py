@@ -170,3 +170,27 @@ def test_a_view_given_as_a_callable_is_read_at_each_request(loop: EventLoopThrea
         assert json.loads(ping.data)["version"] == "1.2.3"
     finally:
         loop.run(service.stop(), 10)
+
+
+def test_8_1_a_state_a_partitioned_seat_keeps_in_part_is_answered_from_the_bus_whole(
+    loop: EventLoopThread, nats_server: NatsServer, nc: Client, other: Client
+) -> None:
+    # A partitioned seat's memory holds of plans, provisions and refusals only what its judgments read (8.1); the
+    # verb answers every node's all the same (9), reading those from the bus. The view here holds nothing at all: the
+    # states it holds whole are answered from it.
+    seed_buckets(nats_server.url, STATES)
+    for state, kv in VALUES.items():
+        for key, value in kv.items():
+            put(loop, other, state, key, value)
+    service = loop.run(serve_verb(nc, MemoryView(), whole=lambda state: state not in (PLANS, PROVISIONS, REFUSED)), 10)
+    try:
+        def keys(request: dict[str, str]) -> list[str]:
+            msg = loop.run(other.request(VERB_SUBJECT, json.dumps(request).encode(), timeout=5), 10)
+            return [e["key"] for e in json.loads(msg.data)["entries"]]
+
+        assert keys({}) == sorted(VALUES[PROVISIONS])
+        assert keys({"what": "plans", "node": "bee"}) == ["bee.webapp"]
+        assert keys({"what": "refused"}) == ["bee.reports"]
+        assert keys({"what": "applied"}) == [], "a state the view holds whole is answered from the view"
+    finally:
+        loop.run(service.stop(), 10)

@@ -7,12 +7,14 @@ import hashlib
 import os
 import random
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mesh_provisioner.contract import NEEDS, PLANS, PROVISIONS, REFUSED, REGISTRY, SEAT
+from mesh_provisioner.contract import MODULES, NEEDS, PLANS, PROVISIONS, REFUSED, REGISTRY, SEAT, bound
+from mesh_provisioner.rules.kept import kept, providers
 from mesh_provisioner.rules.keys import CREDENTIAL_SUFFIX, node_of
 from mesh_provisioner.rules.memory_view import MemoryView
 from mesh_provisioner.rules.node import compose_node, rejudge
@@ -102,28 +104,51 @@ def test_8_1_processes_take_free_shards_up_to_their_fair_share_and_give_back_whe
         assert set(counts) == set(everyone), "a process that joined holds nothing"
 
 
-def _settle_partitioned(view: MemoryView, shards: int, owner: dict[int, str], rng: random.Random) -> list[str]:
+def _kept_view(view: MemoryView, holds: Callable[[str], bool], extra: frozenset[str] = frozenset()) -> MemoryView:
+    """What a process holding the nodes `holds` says keeps of the bus (rules/kept.py), the providers' modules and
+    `extra` (a superset does as well) kept with their keys."""
+    provider = providers(view) | extra
+    bound_states = {bound(p) for p in view.bound_reads}
+    local = MemoryView(view.bound_reads)
+    for state in list(view.states()):
+        for key in view.keys(state):
+            e = view.get(state, key)
+            if e is not None and kept(state, key, e.raw, holds, provider, bound_states):
+                local.put(state, key, e.raw, e.revision)
+    return local
+
+
+def _settle_partitioned(view: MemoryView, shards: int, owner: dict[int, str], rng: random.Random,
+                        keeping: bool = False) -> list[str]:
     """The processes of a partitioned seat, each composing only its shards' nodes and judging their keys (and the
-    shared credentials of its nodes that keys of others' nodes depend on), in a random order, to their fixed point.
-    Answers every write made by a process that does not hold its key's shard."""
+    shared credentials of its nodes that keys of others' nodes depend on), in a random order, to their fixed point;
+    with `keeping`, each reads only what it keeps of the bus (rules/kept.py), now and then with some other modules'
+    keys too. Answers every write made by a process that does not hold its key's shard."""
     processes = sorted(set(owner.values()))
+    modules = sorted(view.keys(MODULES))
     wrong: list[str] = []
     for _ in range(60):
         wrote = 0
         for p in rng.sample(processes, len(processes)):
             mine = in_shards({s for s, h in owner.items() if h == p}, shards)
+            extra = frozenset(m for m in modules if rng.random() < 0.2)
+
+            def seen(mine: Callable[[str], bool] = mine, extra: frozenset[str] = extra) -> MemoryView:
+                return _kept_view(view, mine, extra) if keeping else view
+
             writes = []
             for node in sorted(n for n in known_nodes(view) if mine(n)):
-                result = compose_node(view, node, NOW, mine)
+                result = compose_node(seen(), node, NOW, mine)
                 apply(view, result.writes)
                 writes += result.writes
-            keys = {key for key in view.keys(PROVISIONS) if mine(node_of(key))}
-            for key in view.keys(PROVISIONS):
-                p_, _ = provision_of(view, key)
+            local = seen()
+            keys = {key for key in local.keys(PROVISIONS) if mine(node_of(key))}
+            for key in local.keys(PROVISIONS):
+                p_, _ = provision_of(local, key)
                 if not mine(node_of(key)) and p_ is not None:
                     keys |= {d for d in p_.depends_on[:2] if mine(node_of(d))}
             for key in sorted(keys):
-                judged = rejudge(view, key, NOW, mine)
+                judged = rejudge(seen(), key, NOW, mine)
                 apply(view, judged.writes)
                 writes += judged.writes
             wrong += [f"{p} wrote {w.state} {w.key}" for w in writes if not mine(node_of(w.key))]
@@ -133,7 +158,9 @@ def _settle_partitioned(view: MemoryView, shards: int, owner: dict[int, str], rn
     raise AssertionError("the partitioned processes never reached a fixed point")
 
 
-def test_8_1_processes_sharing_a_mesh_end_at_settles_fixed_point_and_write_only_their_shards_keys() -> None:
+def _partitioned_meshes(keeping: bool) -> None:
+    """Every mesh settled by the processes of a partitioned seat in a random order ends at `settle()`'s fixed point,
+    each process writing only its shards' keys."""
     failed: dict[int, list[str]] = {}
     for seed in range(1, MESHES + 1):
         mesh = generate(seed)
@@ -144,12 +171,21 @@ def test_8_1_processes_sharing_a_mesh_end_at_settles_fixed_point_and_write_only_
         shards = rng.choice([2, 3, 8])
         processes = rng.randint(2, 3)
         owner = {s: f"p{rng.randrange(processes)}" for s in range(shards)}
-        problems = _settle_partitioned(view, shards, owner, rng)
+        problems = _settle_partitioned(view, shards, owner, rng, keeping)
         problems += compare(expected(mesh.inputs, NOW), view) + off_fixed_point(view, NOW)
         if problems:
             failed[seed] = problems
     said = [f"seed {seed}:\n    " + "\n    ".join(ps[:6]) for seed, ps in list(failed.items())[:6]]
     assert not failed, f"{len(failed)} of {MESHES} meshes end elsewhere when partitioned:\n" + "\n".join(said)
+
+
+def test_8_1_processes_sharing_a_mesh_end_at_settles_fixed_point_and_write_only_their_shards_keys() -> None:
+    _partitioned_meshes(keeping=False)
+
+
+def test_8_1_processes_keeping_only_what_their_judgments_read_end_at_settles_fixed_point_too() -> None:
+    # Contract 8.1: a process keeps of another node only its providers' modules' keys and who depends on its own.
+    _partitioned_meshes(keeping=True)
 
 
 def test_8_1_a_shared_credential_of_a_node_another_process_depends_on_is_made_by_its_own_nodes_writer() -> None:
@@ -221,12 +257,14 @@ def test_8_1_settles_fixed_point_is_one_of_every_split_of_the_nodes_too() -> Non
                 def writes_on(node: str, shards: int = shards, part: int = part) -> bool:
                     return shard_of(node, shards) == part
 
-                for key in sorted(k for k in keys if writes_on(node_of(k))):
-                    checked += 1
-                    if rejudge(view, key, NOW, writes_on).writes:
-                        wrote.append(f"seed {seed}, part {part} of {shards}: judging {key}")
-                for node in sorted(n for n in known_nodes(view) if writes_on(n)):
-                    if compose_node(view, node, NOW, writes_on).writes:
-                        wrote.append(f"seed {seed}, part {part} of {shards}: composing {node}")
+                # Reading the whole bus, and what the part's process keeps of it (rules/kept.py).
+                for seen, how in ((view, "the bus"), (_kept_view(view, writes_on), "what it keeps")):
+                    for key in sorted(k for k in keys if writes_on(node_of(k))):
+                        checked += 1
+                        if rejudge(seen, key, NOW, writes_on).writes:
+                            wrote.append(f"seed {seed}, part {part} of {shards}, reading {how}: judging {key}")
+                    for node in sorted(n for n in known_nodes(view) if writes_on(n)):
+                        if compose_node(seen, node, NOW, writes_on).writes:
+                            wrote.append(f"seed {seed}, part {part} of {shards}, reading {how}: composing {node}")
     assert checked > MESHES, f"only {checked} keys judged"
     assert not wrote, f"{len(wrote)} judgment(s) wrote at the fixed point:\n" + "\n".join(wrote[:20])
