@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol, TypeVar
 
+import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -35,6 +36,7 @@ class Kept(Protocol):
 
 
 K = TypeVar("K", bound=Kept)
+T = TypeVar("T")
 
 
 class Link:
@@ -142,6 +144,33 @@ def link(nc: Client) -> Link:
         return nc.link
     held = _borrowed.get(nc)
     return held.link if held is not None else Link()
+
+
+async def unless_closed(nc: Client, work: Awaitable[T]) -> T:
+    """What `work` answers, or ConnectionClosedError as soon as the client is closed for good (the work given up).
+
+    Work nats-py began on a client that closes meanwhile may wait its whole timeout for an answer that cannot come
+    (the verb's registration once waited 10 s), before a process whose connection is gone can say so and exit."""
+    closed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def on_closed() -> None:
+        if not closed.done():
+            closed.set_result(None)
+
+    tie = link(nc)
+    tie.on_closed(on_closed)
+    task: asyncio.Future[T] = asyncio.ensure_future(work)
+    try:
+        if not nc.is_closed:
+            await asyncio.wait([task, closed], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        tie.remove_listener(on_closed)
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise nats.errors.ConnectionClosedError
+    return task.result()
 
 
 async def borrow(nc: Client) -> Link:

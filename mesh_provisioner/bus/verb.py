@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 from nats.aio.client import Client
@@ -19,6 +19,7 @@ from nats.micro import add_service
 from nats.micro.request import Request
 from nats.micro.service import Endpoint, EndpointConfig, Service, ServiceConfig
 
+from mesh_provisioner.bus.link import unless_closed
 from mesh_provisioner.bus.snapshot import snapshot
 from mesh_provisioner.contract import VERB_ENDPOINT, VERB_SERVICE, VERB_SUBJECT
 from mesh_provisioner.rules import verb
@@ -65,6 +66,7 @@ async def serve_verb(
         if state is None or whole(state):
             return current()
         return await snapshot(nc, states=[state], timeout=timeout)
+
     endpoints: list[Endpoint] = []
 
     def count_error(why: str) -> None:
@@ -92,6 +94,13 @@ async def serve_verb(
         else:
             await request.respond(body)
 
+    return await unless_closed(nc, _start(nc, handle, endpoints, service_version))
+
+
+async def _start(nc: Client, handle: Callable[[Request], Awaitable[None]], endpoints: list[Endpoint],
+                 service_version: str | None) -> Service:
+    """Add the verb's service and endpoint to `nc` (its endpoint put in `endpoints`), answering from the moment this
+    returns."""
     service = await add_service(
         nc,
         ServiceConfig(name=VERB_SERVICE, version=service_version or version(), description=DESCRIPTION,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 import nats.errors
 import pytest
@@ -11,7 +13,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from mesh_provisioner.bus.connection import LOAD_CONNECTION, connect, ensure_buckets
-from mesh_provisioner.bus.link import link
+from mesh_provisioner.bus.link import link, unless_closed
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.contract import LEASE_SECONDS, PLACEMENT, SEAT, SEAT_STATES
 
@@ -157,3 +159,24 @@ def test_a_connection_says_its_name_when_it_connects_and_when_it_closes(
     said = [r.getMessage() for r in caplog.records]
     assert any(s.startswith("connected to NATS at ") and s.endswith(f" as {LOAD_CONNECTION}") for s in said), said
     assert f"the NATS connection {LOAD_CONNECTION} is closed" in said, said
+
+
+def test_work_on_a_connection_closed_for_good_meanwhile_ends_at_once_not_at_its_timeout(
+    loop: EventLoopThread, nc: Client
+) -> None:
+    # A flush or request nats-py sent before its connection closed for good is never answered: waited for as it is,
+    # a seat whose connection is gone would wait its whole timeout before it could say so and exit.
+    async def go() -> float:
+        never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiting = asyncio.ensure_future(unless_closed(nc, never))
+        await asyncio.sleep(0.05)
+        began = time.monotonic()
+        await nc.close()
+        with pytest.raises(nats.errors.ConnectionClosedError):
+            await asyncio.wait_for(waiting, 5)
+        assert never.cancelled(), "the work is given up"
+        return time.monotonic() - began
+
+    assert loop.run(go(), 10) < 1.0
+    with pytest.raises(nats.errors.ConnectionClosedError):
+        loop.run(unless_closed(nc, asyncio.sleep(0)), 10)
