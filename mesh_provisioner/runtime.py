@@ -112,6 +112,7 @@ class Runtime:
         self.writes_on: Callable[[str], bool] | None = None  # the nodes this seat composes; None: all (`scope`)
         # The states a partitioned seat keeps only some keys of, by the nodes it holds (`scope`, rules/kept.py).
         self._by_node = kept_states(config.bound_reads)
+        self._kept: Kept | None = None  # what memory keeps of them (`scope`); None: everything
         self._closed = False
         link(nc).on_closed(self._connection_closed)
         self.ref = HostActor.start(self)
@@ -176,11 +177,13 @@ class Runtime:
         self.router.writes_on = owns
         self.dispatcher.scope = None if owns is None else (lambda j: owns(j[1].partition(".")[0]))
         holds = holds or owns
-        self.cache.memory.keeping = None if holds is None else Kept(self.view, holds)
+        self.cache.memory.keeping = self._kept = None if holds is None else Kept(self.view, holds)
 
-    def keeps_whole(self, state: str) -> bool:
-        """Whether memory holds every key of a state (all but some states of a partitioned seat's, rules/kept.py)."""
-        return self.cache.memory.keeping is None or state not in self._by_node
+    def holds_all(self, state: str, node: str = "") -> bool:
+        """Whether memory holds every key of a state, or of a node's when `node` is given (a partitioned seat keeps
+        all of its own nodes', and of others' only what their judgments read: rules/kept.py)."""
+        kept = self._kept
+        return kept is None or state not in self._by_node or (bool(node) and kept.holds(node))
 
     def took(self, nodes: Callable[[str], bool], ready: Callable[[], None] = lambda: None) -> None:
         """Shards were taken (contract 8.1): what is kept of their nodes is read again (what came before they were

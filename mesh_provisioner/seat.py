@@ -225,7 +225,7 @@ class Seat:
         try:
             # The verb answers from the holder's cache (contract 9); a standby has none, so it serves no verb.
             try:
-                verb = self.loop.run(serve_verb(self.nc, sup.view, whole=sup.keeps_whole,
+                verb = self.loop.run(serve_verb(self.nc, sup.view, held=sup.holds_all,
                                                 timeout=self.config.request_timeout), self.config.request_timeout)
             except Exception as err:  # the connection closed meanwhile: the supervisor fails for it, said below
                 log.warning("the verb is not served: %s", err or type(err).__name__)

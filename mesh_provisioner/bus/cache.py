@@ -118,7 +118,8 @@ class Cache:
         self._loading: set[str] = set()
         self._missing: set[str] = set()  # states whose bucket does not exist (section 2)
         self._loaded = asyncio.Event()
-        self._progress = asyncio.Event()  # set each time a state is loaded
+        self._progress = asyncio.Event()  # set each time a state is loaded, and when the cache stops
+        self._stopped = False
         self._background: set[asyncio.Task[None]] = set()  # the start of the others, reloads: cancelled by `stop`
         self._synced = False
         self._created: dict[str, asyncio.Event] = {}
@@ -204,15 +205,19 @@ class Cache:
         states = [s for s in states if s in self.states]
         if not states:
             return
+        self._begin_reload(states)
+        await self._wait_loaded(states)
+
+    def _begin_reload(self, states: Iterable[str]) -> None:
+        """Mark the states loading (the cache is not synced until they are loaded) and watch each again."""
         self._loading |= set(states)
         self._loaded.clear()
         for state in states:
             self._restart(state)
-        await self._wait_loaded(states)
 
     async def _wait_loaded(self, states: Iterable[str]) -> None:
-        """Wait until none of the states is loading."""
-        while any(s in self._loading for s in states):
+        """Wait until none of the states is loading, or the cache is stopped."""
+        while not self._stopped and any(s in self._loading for s in states):
             self._progress.clear()
             await self._progress.wait()
 
@@ -279,6 +284,8 @@ class Cache:
 
     async def stop(self) -> None:
         """Stop every watch and delete its consumer; the view keeps what it holds."""
+        self._stopped = True
+        self._progress.set()  # whoever waits for a reload waits no more
         self._link.remove_listener(self._reconnected)
         tasks = list(self._tasks.values())
         tasks += self._background
@@ -387,29 +394,34 @@ class Cache:
         snapshot, newest = await first_values(watcher, bucket(state), last, messages, self._load_timeout, keep)
         self._latest[state] = newest
         contents = {k: content(e) for k, e in snapshot.items()}
+        widened: set[str] = set()
+        if keeping is not None and state in keeping.widening:
+            # Values that widen what memory keeps: the states loaded already (a resync's, or this one's before a
+            # bucket made late) are read again before the values are applied, as with a change followed (`_follow`).
+            widened = {w for key, (raw, _) in contents.items() for w in keeping.widens(state, key, raw)}
+            if before := [s for s in widened if s in self._tasks and s != state]:
+                await self.reload(before)
         # Kept a few at a time, the loop given back after each stretch (bus/watch.py): a bucket of tens of thousands
         # of keys would hold it for the whole decoding. Each key is told as it is kept, so whoever read a key early
         # is woken by it.
         keys = list(contents)
-        widened: set[str] = set()
-        deciding = keeping is not None and state in keeping.deciding
         stretch = Stretch()
-        for start in range(0, len(keys), CHUNK):
-            chunk = {k: contents[k] for k in keys[start:start + CHUNK]}
-            if deciding:
-                assert keeping is not None
-                widened.update(w for k, (raw, _) in chunk.items() for w in keeping.widens(state, k, raw))
-            if start + CHUNK >= len(keys):
-                break  # the last few are kept by `reconcile`
-            self.memory.take(state, chunk, last)
+        for start in range(0, max(len(keys) - CHUNK, 0), CHUNK):
+            self.memory.take(state, {k: contents[k] for k in keys[start:start + CHUNK]}, last)
             if stretch.over():
                 await asyncio.sleep(0)
         self.memory.reconcile(state, contents, last)
+        late: set[str] = set()
+        if keeping is not None and state in keeping.deciding:
+            # Asked again with these values in memory: with a catalogue state loading beside this one, a module may
+            # offer a provision only with both (read again now, not before they were applied).
+            late = {w for key, (raw, _) in contents.items() for w in keeping.widens(state, key, raw)}
+        # This state, filtered as it came by what memory kept before it widened, is read again too.
+        if again := sorted({s for s in late if s in self._tasks} | ({state} & widened)):
+            self._begin_reload(again)
+            if state in again:
+                return  # loaded again by the session that follows this one
         self._done_loading(state)
-        # What memory keeps widened as this loaded: states loaded before (a resync's) are read again.
-        again = [s for s in widened if s in self._tasks and s != state]
-        if again:
-            self._in_background(self.reload(again), f"cache reload after {state}")
 
     async def _follow(self, state: str, watcher: KeyValue.KeyWatcher) -> None:
         """Apply a watch's changes as they come, until it is stopped, giving the loop back after each stretch."""
@@ -422,8 +434,9 @@ class Cache:
             if update is not None:
                 raw, revision = content(update)
                 keeping = self.memory.keeping
-                if keeping is not None and state in keeping.deciding:
-                    # Read again before the change is applied: nothing reads what memory keeps of it before then.
+                if keeping is not None and state in keeping.widening:
+                    # Read again before the change is applied: nothing reads what memory keeps of it before then. (A
+                    # state reading itself again ends this watch: the next one loads the change.)
                     await self.reload(keeping.widens(state, update.key, raw))
                 self.memory.receive(state, update.key, raw, revision)
                 self._latest[state] = max(self._latest.get(state, 0), revision)

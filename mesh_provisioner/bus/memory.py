@@ -31,7 +31,9 @@ class Keeping(Protocol):
     """Which keys memory keeps, and the states that decide it (rules/kept.py `Kept`)."""
 
     deciding: tuple[str, ...]
-    """The states loaded before the others; a change of one may widen what is kept."""
+    """The states loaded before the others."""
+    widening: tuple[str, ...]
+    """The states a change of which may widen what is kept (`widens`)."""
 
     def keeps(self, state: str, key: str, raw: bytes) -> bool:
         """Whether memory keeps a key at this value."""
@@ -125,14 +127,15 @@ class Memory:
 
     def set(self, state: str, key: str, raw: bytes | None, revision: int, ours: bool = False) -> None:
         """Set a key in the view (None: delete it) and tell the listener; a bad key or value is logged."""
+        dropped = False
         if raw is not None and self.keeping is not None and not self.keeping.keeps(state, key, raw):
             if self.view.get(state, key) is None:
                 return
-            raw = None  # a key memory no longer keeps leaves it, as a delete
-        if raw is None:
-            if revision > 0:
-                self._gone[state][key] = revision
+            raw, dropped = None, True  # a key memory no longer keeps leaves it, as a delete
+        if raw is None and revision > 0 and not dropped:
+            self._gone[state][key] = revision
         else:
+            # A key dropped is still on the bus: memory keeping it again later reads it again at that revision.
             self._gone[state].pop(key, None)
         try:
             new = None if raw is None else entry_of(state, key, raw, revision)

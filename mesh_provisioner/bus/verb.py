@@ -49,23 +49,24 @@ async def serve_verb(
     nc: Client,
     view: View | Callable[[], View],
     *,
-    whole: Callable[[str], bool] = lambda state: True,
+    held: Callable[[str, str], bool] = lambda state, node: True,
     service_version: str | None = None,
     timeout: float = 10.0,
 ) -> Service:
     """Serve the verb on `nc` from a view (or a callable answering the current one); answers the started service.
 
-    A state the view does not hold whole (`whole` says; a partitioned seat's memory keeps only what its judgments
-    read, contract 8.1) is read from the bus for the request, within `timeout` s. Runs on the loop that owns `nc`;
+    A request for a state the view may not hold all of (`held(state, node)` says whether it holds all of a state's
+    keys, or of a node's: a partitioned seat's memory keeps only what its judgments read, contract 8.1) is answered
+    from the state read from the bus for it, within `timeout` s. Runs on the loop that owns `nc`;
     the handler runs there too. Stop it with `await service.stop()`.
     """
     current: Callable[[], View] = view if callable(view) else (lambda: view)
 
     async def source(request: bytes) -> View:
-        state = verb.asked(request)
-        if state is None or whole(state):
+        asked = verb.asked(request)
+        if asked is None or held(*asked):
             return current()
-        return await snapshot(nc, states=[state], timeout=timeout)
+        return await snapshot(nc, states=[asked[0]], timeout=timeout)
 
     endpoints: list[Endpoint] = []
 

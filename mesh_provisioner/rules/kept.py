@@ -9,10 +9,12 @@ A process composes the nodes of the shards it holds and judges their keys. Of an
 - the placements and the catalogue, which every composition reads; nothing of another node's providers' entries,
   its resolutions, its refusals.
 
-A provider's module is one whose trunk manifest offers a provision. Which modules those are changes only with the
-catalogue (`mesh-indexer.modules`, `mesh-indexer.manifests`): a change that may make a module offer one is applied
-only once what is kept of that module's keys was read again (`widened_by`), or a composition would choose it as a
-provider and judge its keys from nothing. Pure: the cache applies it (bus/cache.py, runtime.py).
+A provider's module is mesh-vault (every credential's provider, section 4), a module whose trunk manifest offers a
+provision, or a module a provision of a node it holds names as its provider (one that offered when the key was
+made). Which modules those are changes with the catalogue (`mesh-indexer.modules`, `mesh-indexer.manifests`) and
+with those provisions: a change that may make a module one is applied only once what is kept of that module's keys
+was read again (`Kept.widens`), or a composition would choose it as a provider and judge its keys from nothing.
+Pure: the cache applies it (bus/cache.py, runtime.py).
 """
 
 from __future__ import annotations
@@ -22,7 +24,18 @@ from typing import Final
 
 import msgspec
 
-from mesh_provisioner.contract import HAVE, MANIFESTS, MODULES, PLANS, PROVISIONS, REFUSED, RESOLVED, WANTS, bound
+from mesh_provisioner.contract import (
+    HAVE,
+    MANIFESTS,
+    MODULES,
+    PLANS,
+    PROVISIONS,
+    REFUSED,
+    RESOLVED,
+    VAULT_MODULE,
+    WANTS,
+    bound,
+)
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules.view import Entry, View, entry_of, manifest, trunk_manifest
 
@@ -31,7 +44,7 @@ from mesh_provisioner.rules.view import Entry, View, entry_of, manifest, trunk_m
 NODE_KEPT: Final = (PLANS, PROVISIONS, REFUSED, WANTS, HAVE, RESOLVED)
 # The states kept with their providers' modules: read again when a module may become one (`widened_by`).
 PROVIDER_KEPT: Final = (PLANS, PROVISIONS, WANTS, HAVE)
-# The states which modules are providers' depends on: read before the others, and followed through `widened_by`.
+# The states which modules offer provisions depends on: read before the others.
 CATALOGUE: Final = (MODULES, MANIFESTS)
 
 
@@ -40,13 +53,28 @@ def kept_states(bound_reads: Iterable[str]) -> tuple[str, ...]:
     return (*(bound(p) for p in bound_reads), *NODE_KEPT)
 
 
-class _DependsOn(msgspec.Struct, frozen=True):
-    """A provision's depends-on alone: all `kept` reads of another node's provision that no provider's module wrote."""
+class _Provider(msgspec.Struct, frozen=True):
+    """A provision's provider's module alone."""
+
+    module: str = ""
+
+
+class _Named(msgspec.Struct, frozen=True):
+    """Of a provision, all `kept` and `Kept.widens` read: what it depends on, and its provider."""
 
     depends_on: tuple[str, ...] = msgspec.field(default=(), name="depends-on")
+    provider: _Provider = _Provider()
 
 
-_depends_on = msgspec.json.Decoder(_DependsOn)
+_named = msgspec.json.Decoder(_Named)
+
+
+def _named_by(raw: bytes) -> _Named | None:
+    """What a provision's value names, None when it does not decode (section 7: it is kept, read with why)."""
+    try:
+        return _named.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return None
 
 
 def offers(view: View, module: str) -> bool:
@@ -54,9 +82,12 @@ def offers(view: View, module: str) -> bool:
     return any(o.name for o in trunk_manifest(view, module)[0].offers())
 
 
-def providers(view: View) -> set[str]:
-    """Every module the catalogue says offers a provision."""
-    return {m for m in view.keys(MODULES) if offers(view, m)}
+def providers(view: View, holds: Callable[[str], bool]) -> set[str]:
+    """The providers' modules for a process holding the nodes `holds` says: mesh-vault, every module the catalogue
+    says offers a provision, and every module a provision of those nodes names as its provider."""
+    named = {p.provider.module for key in view.keys(PROVISIONS) if holds(key.partition(".")[0])
+             if (e := view.get(PROVISIONS, key)) is not None and (p := e.get(r.Provision)) is not None}
+    return {VAULT_MODULE, *(m for m in view.keys(MODULES) if offers(view, m)), *named} - {""}
 
 
 def widened_by(view: View, state: str, key: str, entry: Entry | None) -> set[str]:
@@ -94,24 +125,22 @@ def kept(state: str, key: str, raw: bytes, holds: Callable[[str], bool], provide
         return True
     if state != PROVISIONS:
         return False
-    try:
-        depends_on = _depends_on.decode(raw).depends_on
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return True  # read as it is, with why it does not decode (section 7)
-    return any(holds(d.partition(".")[0]) for d in depends_on)
+    named = _named_by(raw)
+    return named is None or any(holds(d.partition(".")[0]) for d in named.depends_on)
 
 
 class Kept:
-    """What one process keeps (`kept`), the providers' modules growing with the catalogue: a module once one stays
-    one (more is kept than is read, never less)."""
+    """What one process keeps (`kept`), the providers' modules growing with the catalogue and the provisions of its
+    nodes: a module once one stays one (more is kept than is read, never less)."""
 
     deciding: tuple[str, ...] = CATALOGUE
+    widening: tuple[str, ...] = (*CATALOGUE, PROVISIONS)
 
     def __init__(self, view: View, holds: Callable[[str], bool]) -> None:
         """What a process keeps of the bus `view` is filled from, holding the nodes `holds` says."""
         self.view = view
         self.holds = holds
-        self.providers = providers(view)
+        self.providers = providers(view, holds)
         self._bound_states = frozenset(bound(p) for p in view.bound_reads)
 
     def keeps(self, state: str, key: str, raw: bytes) -> bool:
@@ -119,11 +148,21 @@ class Kept:
         return kept(state, key, raw, self.holds, self.providers, self._bound_states)
 
     def widens(self, state: str, key: str, raw: bytes | None) -> tuple[str, ...]:
-        """The states to read again before a change of the catalogue is applied: those kept with the providers'
-        modules when it may make a module one (`widened_by`); none for any other change."""
-        if state not in CATALOGUE or raw is None:
+        """The states to read again before a change is applied: those kept with the providers' modules when it may
+        make a module one (a catalogue change, `widened_by`; a provision of a held node naming its provider); none
+        for any other change."""
+        if raw is None:
             return ()
-        new = widened_by(self.view, state, key, entry_of(state, key, raw, 0)) - self.providers
+        if state == PROVISIONS:
+            if not self.holds(key.partition(".")[0]):
+                return ()
+            named = _named_by(raw)
+            new = {named.provider.module} - {""} if named is not None else set()
+        elif state in CATALOGUE:
+            new = widened_by(self.view, state, key, entry_of(state, key, raw, 0))
+        else:
+            return ()
+        new -= self.providers
         if not new:
             return ()
         self.providers |= new

@@ -129,10 +129,10 @@ def item(view: View, state: str, key: str) -> Item | None:
     return Item(key, msgspec.Raw(e.raw))
 
 
-def asked(request: bytes) -> str | None:
-    """The state a request reads; None when it is refused (`parse`)."""
+def asked(request: bytes) -> tuple[str, str] | None:
+    """The state a request reads and the node it is narrowed to ("": none); None when it is refused (`parse`)."""
     req = parse(request)
-    return None if isinstance(req, Error) else STATES[req.what]
+    return None if isinstance(req, Error) else (STATES[req.what], req.node)
 
 
 def reply(view: View, request: bytes) -> Reply:

@@ -177,12 +177,15 @@ def test_8_1_a_state_a_partitioned_seat_keeps_in_part_is_answered_from_the_bus_w
 ) -> None:
     # A partitioned seat's memory holds of plans, provisions and refusals only what its judgments read (8.1); the
     # verb answers every node's all the same (9), reading those from the bus. The view here holds nothing at all: the
-    # states it holds whole are answered from it.
+    # states it holds whole, and the nodes whose keys it holds all of, are answered from it.
     seed_buckets(nats_server.url, STATES)
     for state, kv in VALUES.items():
         for key, value in kv.items():
             put(loop, other, state, key, value)
-    service = loop.run(serve_verb(nc, MemoryView(), whole=lambda state: state not in (PLANS, PROVISIONS, REFUSED)), 10)
+    def held(state: str, node: str) -> bool:
+        return state not in (PLANS, PROVISIONS, REFUSED) or node == "ace"
+
+    service = loop.run(serve_verb(nc, MemoryView(), held=held), 10)
     try:
         def keys(request: dict[str, str]) -> list[str]:
             msg = loop.run(other.request(VERB_SUBJECT, json.dumps(request).encode(), timeout=5), 10)
@@ -192,5 +195,6 @@ def test_8_1_a_state_a_partitioned_seat_keeps_in_part_is_answered_from_the_bus_w
         assert keys({"what": "plans", "node": "bee"}) == ["bee.webapp"]
         assert keys({"what": "refused"}) == ["bee.reports"]
         assert keys({"what": "applied"}) == [], "a state the view holds whole is answered from the view"
+        assert keys({"what": "plans", "node": "ace"}) == [], "a node's keys the view holds all of are answered from it"
     finally:
         loop.run(service.stop(), 10)

@@ -53,8 +53,10 @@ def test_8_1_of_another_node_a_process_keeps_the_provisions_depending_on_its_own
     assert kept(PROVISIONS, "bee.wiki.postgres-database", on_ace, _ace, set(), BOUND)
     assert not kept(PROVISIONS, "bee.wiki.postgres-database", on_cat, _ace, set(), BOUND)
     assert not kept(PROVISIONS, "bee.wiki.postgres-database", _js({}), _ace, set(), BOUND)
-    # Section 7: a value that does not decode is kept, to be read with why.
+    # Section 7: a value that does not decode is kept, to be read with why; nested too deeply, too.
     assert kept(PROVISIONS, "bee.wiki.postgres-database", b"not json", _ace, set(), BOUND)
+    assert kept(PROVISIONS, "bee.wiki.postgres-database", b'{"x": ' + b"[" * 5000 + b"]" * 5000 + b"}", _ace, set(),
+                BOUND)
 
 
 def test_8_1_of_another_node_a_process_keeps_no_providers_entry_resolution_or_refusal() -> None:
@@ -76,8 +78,14 @@ def _catalogue() -> MemoryView:
     return view
 
 
-def test_8_1_a_providers_module_is_one_whose_trunk_manifest_offers_a_provision() -> None:
-    assert providers(_catalogue()) == {"postgres"}
+def test_8_1_a_providers_module_is_the_vault_one_whose_trunk_manifest_offers_or_one_a_held_nodes_key_names() -> None:
+    view = _catalogue()
+    assert providers(view, _ace) == {"mesh-vault", "postgres"}
+    # A module that no longer offers what a key of ace's was made from: that key is judged by its have all the same.
+    view.put(PROVISIONS, "ace.app.cache", _js({"provision": "cache", "consumer": {"module": "app", "node": "ace"},
+                                               "provider": {"module": "wiki", "node": "bee"}}), 5)
+    assert providers(view, _ace) == {"mesh-vault", "postgres", "wiki"}
+    assert providers(view, lambda node: node == "cat") == {"mesh-vault", "postgres"}
 
 
 def test_8_1_a_catalogue_change_that_may_make_a_module_a_providers_widens_what_is_kept() -> None:
@@ -89,8 +97,17 @@ def test_8_1_a_catalogue_change_that_may_make_a_module_a_providers_widens_what_i
     assert widened_by(view, MODULES, "wiki", entry_of(MODULES, "wiki", to_postgres, 5)) == {"wiki"}
     assert widened_by(view, MODULES, "wiki", None) == set()
     keeping = Kept(view, _ace)
-    assert keeping.providers == {"postgres"}
+    assert keeping.providers == {"mesh-vault", "postgres"}
     assert keeping.widens(MANIFESTS, "m-wiki", offering) == PROVIDER_KEPT
-    assert keeping.providers == {"postgres", "wiki"}
+    assert keeping.providers == {"mesh-vault", "postgres", "wiki"}
     assert keeping.widens(MANIFESTS, "m-wiki", offering) == (), "a module already a provider's widens nothing"
-    assert keeping.widens(PROVISIONS, "bee.wiki.x", offering) == (), "only the catalogue widens what is kept"
+    assert keeping.widens(WANTS, "want.bee.wiki", b"{}") == (), "neither does a want"
+
+
+def test_8_1_a_held_nodes_key_naming_a_provider_not_kept_widens_what_is_kept() -> None:
+    keeping = Kept(_catalogue(), _ace)
+    named = _js({"provision": "cache", "provider": {"module": "redis", "node": "bee"}})
+    assert keeping.widens(PROVISIONS, "bee.app.cache", named) == (), "another node's key widens nothing"
+    assert keeping.widens(PROVISIONS, "ace.app.cache", named) == PROVIDER_KEPT
+    assert "redis" in keeping.providers
+    assert keeping.widens(PROVISIONS, "ace.app.cache", b"not json") == ()

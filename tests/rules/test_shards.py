@@ -4,6 +4,7 @@ processes that each compose only the nodes of their shards, which must be `settl
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 from collections import Counter
@@ -13,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mesh_provisioner.contract import MODULES, NEEDS, PLANS, PROVISIONS, REFUSED, REGISTRY, SEAT, bound
+from mesh_provisioner.contract import MANIFESTS, MODULES, NEEDS, PLANS, PROVISIONS, REFUSED, REGISTRY, SEAT, bound
+from mesh_provisioner.messages.records import Manifest, ModuleEntry
 from mesh_provisioner.rules.kept import kept, providers
 from mesh_provisioner.rules.keys import CREDENTIAL_SUFFIX, node_of
 from mesh_provisioner.rules.memory_view import MemoryView
@@ -107,7 +109,7 @@ def test_8_1_processes_take_free_shards_up_to_their_fair_share_and_give_back_whe
 def _kept_view(view: MemoryView, holds: Callable[[str], bool], extra: frozenset[str] = frozenset()) -> MemoryView:
     """What a process holding the nodes `holds` says keeps of the bus (rules/kept.py), the providers' modules and
     `extra` (a superset does as well) kept with their keys."""
-    provider = providers(view) | extra
+    provider = providers(view, holds) | extra
     bound_states = {bound(p) for p in view.bound_reads}
     local = MemoryView(view.bound_reads)
     for state in list(view.states()):
@@ -268,3 +270,34 @@ def test_8_1_settles_fixed_point_is_one_of_every_split_of_the_nodes_too() -> Non
                             wrote.append(f"seed {seed}, part {part} of {shards}, reading {how}: composing {node}")
     assert checked > MESHES, f"only {checked} keys judged"
     assert not wrote, f"{len(wrote)} judgment(s) wrote at the fixed point:\n" + "\n".join(wrote[:20])
+
+
+def test_8_1_a_key_whose_provider_no_longer_offers_is_judged_from_what_its_process_keeps_as_from_the_bus() -> None:
+    # A provider's trunk manifest that stops offering leaves its consumers' keys as they are, judged by its have: a
+    # process started after that keeps the provider's keys because a key of its own names it (rules/kept.py).
+    checked = 0
+    for seed in range(1, MESHES + 1):
+        settled = expected(generate(seed).inputs)
+        for module in sorted({p.provider.module for key in settled.keys(PROVISIONS)
+                              if (p := provision_of(settled, key)[0]) is not None}):
+            me = settled.get(MODULES, module)
+            trunk = me.get(ModuleEntry) if me is not None else None
+            found = settled.get(MANIFESTS, trunk.manifest) if trunk is not None else None
+            if trunk is None or found is None or found.get(Manifest) is None:
+                continue
+            view = settled.copy()
+            offering_nothing = {**json.loads(found.raw), "provides": []}
+            view.put(MANIFESTS, trunk.manifest, json.dumps(offering_nothing).encode(), view.last_revision + 1)
+            for part in range(2):
+                def mine(node: str, part: int = part) -> bool:
+                    return shard_of(node, 2) == part
+
+                local = _kept_view(view, mine)
+                for key in sorted(k for k in view.keys(PROVISIONS) if mine(node_of(k))):
+                    p = provision_of(view, key)[0]
+                    if p is None or p.provider.module != module or mine(p.provider.node):
+                        continue
+                    checked += 1
+                    whole, kept_only = rejudge(view, key, NOW, mine).writes, rejudge(local, key, NOW, mine).writes
+                    assert whole == kept_only, f"seed {seed}: {key} judged otherwise from what is kept"
+    assert checked > MESHES / 4, f"only {checked} keys of a provider on another node judged"
