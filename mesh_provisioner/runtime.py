@@ -181,9 +181,9 @@ class Runtime:
 
     def holds_all(self, state: str, node: str = "") -> bool:
         """Whether memory holds every key of a state, or of a node's when `node` is given (a partitioned seat keeps
-        all of its own nodes', and of others' only what their judgments read: rules/kept.py)."""
-        kept = self._kept
-        return kept is None or state not in self._by_node or (bool(node) and kept.holds(node))
+        all of the nodes it composes, read once taken, and of others only what their judgments read: rules/kept.py)."""
+        owns = self.writes_on
+        return self._kept is None or state not in self._by_node or (bool(node) and owns is not None and owns(node))
 
     def took(self, nodes: Callable[[str], bool], ready: Callable[[], None] = lambda: None) -> None:
         """Shards were taken (contract 8.1): what is kept of their nodes is read again (what came before they were

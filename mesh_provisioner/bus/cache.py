@@ -119,6 +119,7 @@ class Cache:
         self._missing: set[str] = set()  # states whose bucket does not exist (section 2)
         self._loaded = asyncio.Event()
         self._progress = asyncio.Event()  # set each time a state is loaded, and when the cache stops
+        self._widening: set[str] = set()  # states loading again because memory keeps more of them
         self._stopped = False
         self._background: set[asyncio.Task[None]] = set()  # the start of the others, reloads: cancelled by `stop`
         self._synced = False
@@ -199,17 +200,27 @@ class Cache:
             except Exception:
                 log.exception("the resync listener failed")
 
-    async def reload(self, states: Iterable[str]) -> None:
+    async def reload(self, states: Iterable[str], widening: bool = False) -> None:
         """Watch some buckets again from scratch and reconcile memory with them (a partitioned seat's memory keeps
-        more of them once it holds more shards); returns once they are loaded."""
+        more of them once it holds more shards, or `widening`: see `_begin_reload`); returns once they are loaded."""
         states = [s for s in states if s in self.states]
         if not states:
             return
-        self._begin_reload(states)
+        self._begin_reload(states, widening)
         await self._wait_loaded(states)
 
-    def _begin_reload(self, states: Iterable[str]) -> None:
-        """Mark the states loading (the cache is not synced until they are loaded) and watch each again."""
+    async def _widened(self, state: str) -> None:
+        """Wait until the states read again for memory keeping more are loaded (but `state`): a change that may widen
+        what is kept is applied only then, whichever session asked for them."""
+        if waiting := self._widening - {state}:
+            await self._wait_loaded(waiting)
+
+    def _begin_reload(self, states: Iterable[str], widening: bool = False) -> None:
+        """Mark the states loading (the cache is not synced until they are loaded) and watch each again; `widening`:
+        memory keeps more of them now, and a change that may widen it again waits for them (`_widened`)."""
+        states = list(states)
+        if widening:
+            self._widening |= set(states)
         self._loading |= set(states)
         self._loaded.clear()
         for state in states:
@@ -369,6 +380,8 @@ class Cache:
             try:
                 watcher = await kv.watchall(inactive_threshold=INACTIVE_THRESHOLD)
                 await self._load(state, watcher, info.state.last_seq, info.state.messages)
+                if self._tasks.get(state) is not asyncio.current_task():
+                    return  # loaded again by the session made meanwhile (`_load`): it follows the bucket
                 delay = self._backoff[0]
                 self._watchers[state] = watcher
                 await self._follow(state, watcher)
@@ -400,7 +413,8 @@ class Cache:
             # bucket made late) are read again before the values are applied, as with a change followed (`_follow`).
             widened = {w for key, (raw, _) in contents.items() for w in keeping.widens(state, key, raw)}
             if before := [s for s in widened if s in self._tasks and s != state]:
-                await self.reload(before)
+                self._begin_reload(before, widening=True)
+            await self._widened(state)
         # Kept a few at a time, the loop given back after each stretch (bus/watch.py): a bucket of tens of thousands
         # of keys would hold it for the whole decoding. Each key is told as it is kept, so whoever read a key early
         # is woken by it.
@@ -418,7 +432,7 @@ class Cache:
             late = {w for key, (raw, _) in contents.items() for w in keeping.widens(state, key, raw)}
         # This state, filtered as it came by what memory kept before it widened, is read again too.
         if again := sorted({s for s in late if s in self._tasks} | ({state} & widened)):
-            self._begin_reload(again)
+            self._begin_reload(again, widening=True)
             if state in again:
                 return  # loaded again by the session that follows this one
         self._done_loading(state)
@@ -437,13 +451,15 @@ class Cache:
                 if keeping is not None and state in keeping.widening:
                     # Read again before the change is applied: nothing reads what memory keeps of it before then. (A
                     # state reading itself again ends this watch: the next one loads the change.)
-                    await self.reload(keeping.widens(state, update.key, raw))
+                    await self.reload(keeping.widens(state, update.key, raw), widening=True)
+                    await self._widened(state)
                 self.memory.receive(state, update.key, raw, revision)
                 self._latest[state] = max(self._latest.get(state, 0), revision)
 
     def _done_loading(self, state: str) -> None:
         """Note that a state's bucket is loaded (or missing); once all are, the cache is synced."""
         self._loading.discard(state)
+        self._widening.discard(state)
         self._progress.set()
         if not self._loading and not self._loaded.is_set():
             self._loaded.set()

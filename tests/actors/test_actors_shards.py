@@ -82,9 +82,11 @@ def test_8_1_a_shard_taken_is_composed_once_its_nodes_providers_entries_and_reso
     mesh.put(WANTS, "want.bee.reports", {"fp": "rp1", "removed": True})
     settle(sup)
     assert not [key for key in plans(mesh) if key.startswith("bee.")], "bee is composed before its entries are read"
+    assert not sup.holds_all(PROVISIONS, "bee"), "the verb reads bee's keys from the bus until they are read again"
     before = composed()
     sup.took(lambda node: shard_of(node, shards) == 2, lambda: ready.add(2))
     settle(sup)
+    assert sup.holds_all(PROVISIONS, "bee") and not sup.holds_all(PROVISIONS)
     assert kept("bee") == {RESOLVED: ["bee.webapp"], bound("postgres"): ["bee.webapp.postgres-database"],
                            bound("gitea"): ["bee.webapp.forge-account"]}
     assert composed() - before == 1, "bee is composed once"
