@@ -205,8 +205,11 @@ class Seat:
         keeper = LeaseKeeper(self)
         keeper.start()
         shards = self.lease if isinstance(self.lease, ShardLeases) else None
-        # Every shard held now is loaded and composed from the start; one taken later, once `took` read it.
+        # Every shard held now is loaded and composed from the start; one taken later, once `took` read it. Memory is
+        # read anew: shards no longer held before now are nothing to let go of.
         self.lease.taken()
+        if shards is not None:
+            shards.dropped()
         try:
             if shards is not None:
                 self._ready(shards.mine())
@@ -240,6 +243,8 @@ class Seat:
                 if taken:
                     ready = functools.partial(self._ready, taken) if shards is not None else (lambda: None)
                     sup.took(in_shards(taken, self.lease.shards), ready)
+                if shards is not None and shards.dropped():
+                    sup.gave()
                 self.freezer.tick(sup.quiet)
         finally:
             if verb is not None:

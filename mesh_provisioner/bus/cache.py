@@ -209,6 +209,19 @@ class Cache:
         self._begin_reload(states, widening)
         await self._wait_loaded(states)
 
+    async def let_go(self, states: Iterable[str]) -> int:
+        """Drop from memory the keys of some states it no longer keeps (`Memory.let_go`), a chunk at a time, the loop
+        given back after each stretch; answers how many were dropped."""
+        dropped = 0
+        stretch = Stretch()
+        for state in states:
+            keys = list(self.view.keys(state))
+            for start in range(0, len(keys), CHUNK):
+                dropped += self.memory.let_go(state, keys[start:start + CHUNK])
+                if stretch.over():
+                    await asyncio.sleep(0)
+        return dropped
+
     async def _widened(self, state: str) -> None:
         """Wait until the states read again for memory keeping more are loaded (but `state`): a change that may widen
         what is kept is applied only then, whichever session asked for them."""

@@ -125,6 +125,21 @@ class Memory:
         for key in [k for k, rev in gone.items() if last is None or rev <= last]:
             del gone[key]
 
+    def let_go(self, state: str, keys: Iterable[str]) -> int:
+        """Drop those of some keys of a state that memory holds and no longer keeps (a partitioned seat holding fewer
+        nodes, contract 8.1), each told as a delete and none held as deleted: kept again, it is read again. Answers how
+        many were dropped."""
+        keeping = self.keeping
+        if keeping is None:
+            return 0
+        dropped = 0
+        for key in keys:
+            entry = self.view.get(state, key)
+            if entry is not None and not keeping.keeps(state, key, entry.raw):
+                self.set(state, key, entry.raw, entry.revision)  # a value memory does not keep: `set` drops the key
+                dropped += 1
+        return dropped
+
     def set(self, state: str, key: str, raw: bytes | None, revision: int, ours: bool = False) -> None:
         """Set a key in the view (None: delete it) and tell the listener; a bad key or value is logged."""
         dropped = False

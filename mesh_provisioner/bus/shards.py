@@ -55,6 +55,7 @@ class ShardLeases(SeatLease):
         self._members: set[str] = set()  # the other processes the watch has seen announced
         # Shards held whose nodes this process composes: what it keeps of them was read since it took them (`ready`).
         self._ready: set[int] = set()
+        self._dropped: set[int] = set()  # shards no longer held since last asked (`dropped`)
 
     def record(self) -> r.Lease:
         """The lease record this process writes, with the shard count it runs with (8.1: the same for every process)."""
@@ -118,6 +119,12 @@ class ShardLeases(SeatLease):
         On the lease's loop, as every change of what is held: a shard let go meanwhile stays unready, and so does one
         taken again since (`taken` hands it over again, to be read again)."""
         self._ready |= {shard for shard in shards if shard in self._revisions and shard not in self._taken}
+
+    def dropped(self) -> set[int]:
+        """The shards no longer held (given back, lapsed or lost) since this was last asked: memory lets go of what
+        only their nodes' judgments read (runtime.py `gave`)."""
+        dropped, self._dropped = self._dropped, set()
+        return dropped
 
     def shard_of(self, write: Write) -> int | None:
         """The shard whose lease a write is made under (contract 8.1); None for a state that is not the seat's."""
@@ -411,6 +418,8 @@ class ShardLeases(SeatLease):
         return holders, revisions, members, min(others, default=None)
 
     def _drop(self, shard: int) -> None:
+        if shard in self._revisions:
+            self._dropped.add(shard)
         self._ready.discard(shard)  # taken again, it is ready once what is kept of it was read again
         self._revisions.pop(shard, None)
         self._deadlines.pop(shard, None)

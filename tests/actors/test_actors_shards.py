@@ -22,6 +22,7 @@ from mesh_provisioner.contract import (
     WANTS,
     bound,
 )
+from mesh_provisioner.rules.kept import CATALOGUE, kept_states
 from mesh_provisioner.rules.shards import shard_of
 
 
@@ -166,6 +167,43 @@ def test_8_1_a_process_keeps_of_another_nodes_keys_only_its_providers_modules_an
         "of another node's keys not a provider's, only those depending on this process's are kept"
     of_ace.stop()
     of_bee.stop()
+    assert_fixed_point(mesh)
+
+
+def test_8_1_a_process_giving_a_shard_back_lets_go_of_what_only_its_nodes_judgments_read(
+    mesh: Bus, seats: Seats
+) -> None:
+    # Of 3 shards, ace is in 0 and bee in 2. A process holding both gives bee's shard back: memory then holds of every
+    # state what a process started holding ace's shard alone holds, and nothing of bee's as deleted (taken again, bee's
+    # keys are read again and composed from what they are).
+    shards = 3
+    _place(mesh, "ace", "wiki", {"name": "wiki", "requires": [{"provision": "postgres-database", "local": "main"}]})
+    mesh.put(RESOLVED, "bee.webapp", {"providers": {"postgres-database": "ace"}})
+    held = {0, 2}
+    sup = seats.start(seat_config(mesh.url), owns=lambda node: shard_of(node, shards) in held)
+    settle(sup)
+    assert "bee.webapp.oidc-client" in provisions(mesh) and "ace.wiki.postgres-database.main" in provisions(mesh)
+    alone = seats.start(seat_config(mesh.url), owns=lambda node: shard_of(node, shards) == 0)
+    settle(alone)
+    held.discard(2)
+    sup.gave()
+
+    def memory(seat: object) -> dict[str, dict[str, int]]:
+        view = seat.view  # type: ignore[attr-defined]
+        return {state: {key: entry.revision for key in view.keys(state) if (entry := view.get(state, key))}
+                for state in (*kept_states(view.bound_reads), *CATALOGUE)}
+
+    assert memory(sup) == memory(alone)
+    kept_of_bee = ["bee.webapp.forge-account", "bee.webapp.postgres-database"]
+    assert _held(sup, "bee")[PROVISIONS] == kept_of_bee, "of bee's keys, only those depending on ace's are kept"
+    assert all(sup.cache.memory.held(PROVISIONS, key) == 0 for key in provisions(mesh)
+               if key.startswith("bee.") and key not in kept_of_bee), "nothing let go is held as deleted"
+    held.add(2)
+    sup.took(lambda node: shard_of(node, shards) == 2)
+    settle(sup)
+    assert _held(sup, "bee")[PROVISIONS] == sorted(k for k in provisions(mesh) if k.startswith("bee."))
+    alone.stop()
+    sup.stop()
     assert_fixed_point(mesh)
 
 

@@ -37,11 +37,12 @@ def test_8_1_a_process_takes_every_free_shard_alone_and_gives_back_half_when_ano
     assert not loop.run(b.take(), 10)  # announced, nothing free yet
     assert loop.run(a.renew(), 10)  # a sees b and gives back past its share
     assert a.mine() == [0, 1]
+    assert a.dropped() == {2, 3} and a.dropped() == set(), "memory lets go of what only 2's and 3's nodes read, once"
     assert loop.run(b.take(), 10)
     assert b.mine() == [2, 3] and b.taken() == {2, 3}
     assert a.holds(node_in(0)) and not a.holds(node_in(2)) and b.holds(node_in(3))
     loop.run(a.give_back(), 10)
-    assert not a.held
+    assert not a.held and a.dropped() == {0, 1}
     assert loop.run(b.renew(), 10)
     assert b.mine() == [0, 1, 2, 3], "a clean exit's shards are taken at the next look"
 

@@ -5,6 +5,7 @@ process would have: `settle()` of the final inputs, key by key."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -108,6 +109,9 @@ def test_8_1_two_processes_share_a_mesh_and_one_killed_leaves_the_other_its_shar
         wait_until(lambda: Counter(holders(runner).values()) == {b.pid: SHARDS}, 4 * LEASE, 0.02,
                    "b takes a's shards")
         took = time.monotonic() - killed
+        said = (a.stderr.read() if a.stderr else b"").decode()
+        assert re.search(r"memory let go of [1-9]\d* key", said), \
+            "a, giving b its share, lets go of what only their nodes' judgments read"
         # Within the lease time and a fifth, and the look-at interval (a fifth, at most a second) of b.
         assert took <= LEASE * 1.2 + min(LEASE / 5, 1.0) + 0.5, f"b took a's shards {took:.2f} s after the kill"
         # The rest of the history while a is gone: every node is b's to compose now, a's included.
