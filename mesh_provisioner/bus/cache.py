@@ -43,8 +43,8 @@ from mesh_provisioner.bus.watch import (
     INACTIVE_THRESHOLD,
     RETRY_MAX,
     Stretch,
+    Watch,
     WatchingJetStream,
-    content,
     drop_watch,
     first_values,
 )
@@ -113,7 +113,7 @@ class Cache:
         self._load_timeout = load_timeout
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._watchers: dict[str, KeyValue.KeyWatcher] = {}  # each state's current watch, once it follows
+        self._watchers: dict[str, Watch] = {}  # each state's current watch, once it follows
         self._latest: dict[str, int] = {}  # each state's newest revision its watch delivered
         self._loading: set[str] = set()
         self._missing: set[str] = set()  # states whose bucket does not exist (section 2)
@@ -366,7 +366,7 @@ class Cache:
             created = self._created.setdefault(stream_of(state), asyncio.Event())
             created.clear()
             try:
-                kv, info = await open_bucket(self._js, state)
+                _, info = await open_bucket(self._js, state)
             except nats.js.errors.BucketNotFoundError:
                 # Contract section 2: a missing bucket is waited for, never an error that stops the seat; said once
                 # until it exists, not again at each resynchronisation.
@@ -391,7 +391,7 @@ class Cache:
                 self._missing.discard(state)
             watcher = None
             try:
-                watcher = await kv.watchall(inactive_threshold=INACTIVE_THRESHOLD)
+                watcher = await Watch.start(self._js, state, inactive_threshold=INACTIVE_THRESHOLD)
                 await self._load(state, watcher, info.state.last_seq, info.state.messages)
                 if self._tasks.get(state) is not asyncio.current_task():
                     return  # loaded again by the session made meanwhile (`_load`): it follows the bucket
@@ -409,17 +409,17 @@ class Cache:
                     del self._watchers[state]
                 if watcher is not None:
                     # Shielded: a second cancel while it runs must not leave the consumer behind.
-                    await asyncio.shield(drop_watch(self._nc, self._js, stream_of(state), watcher))
+                    await asyncio.shield(drop_watch(self._nc, self._js, watcher))
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._backoff[1])
 
-    async def _load(self, state: str, watcher: KeyValue.KeyWatcher, last: int, messages: int = 0) -> None:
+    async def _load(self, state: str, watcher: Watch, last: int, messages: int = 0) -> None:
         """Read the bucket's current values through a new watch (`first_values`) and reconcile memory with them."""
         keeping = self.memory.keeping
         keep = None if keeping is None else (lambda key, raw: keeping.keeps(state, key, raw))
-        snapshot, newest = await first_values(watcher, bucket(state), last, messages, self._load_timeout, keep)
+        snapshot, newest = await first_values(watcher, last, messages, self._load_timeout, keep)
         self._latest[state] = newest
-        contents = {k: content(e) for k, e in snapshot.items()}
+        contents = {k: (u.value, u.revision) for k, u in snapshot.items()}
         widened: set[str] = set()
         if keeping is not None and state in keeping.widening:
             # Values that widen what memory keeps: the states loaded already (a resync's, or this one's before a
@@ -450,7 +450,7 @@ class Cache:
                 return  # loaded again by the session that follows this one
         self._done_loading(state)
 
-    async def _follow(self, state: str, watcher: KeyValue.KeyWatcher) -> None:
+    async def _follow(self, state: str, watcher: Watch) -> None:
         """Apply a watch's changes as they come, until it is stopped, giving the loop back after each stretch."""
         seen = 0
         stretch = Stretch()
@@ -458,16 +458,15 @@ class Cache:
             seen += 1
             if seen % CHUNK == 0 and stretch.over():
                 await asyncio.sleep(0)
-            if update is not None:
-                raw, revision = content(update)
-                keeping = self.memory.keeping
-                if keeping is not None and state in keeping.widening:
-                    # Read again before the change is applied: nothing reads what memory keeps of it before then. (A
-                    # state reading itself again ends this watch: the next one loads the change.)
-                    await self.reload(keeping.widens(state, update.key, raw), widening=True)
-                    await self._widened(state)
-                self.memory.receive(state, update.key, raw, revision)
-                self._latest[state] = max(self._latest.get(state, 0), revision)
+            key, raw, revision = update.key, update.value, update.revision
+            keeping = self.memory.keeping
+            if keeping is not None and state in keeping.widening:
+                # Read again before the change is applied: nothing reads what memory keeps of it before then. (A
+                # state reading itself again ends this watch: the next one loads the change.)
+                await self.reload(keeping.widens(state, key, raw), widening=True)
+                await self._widened(state)
+            self.memory.receive(state, key, raw, revision)
+            self._latest[state] = max(self._latest.get(state, 0), revision)
 
     def _done_loading(self, state: str) -> None:
         """Note that a state's bucket is loaded (or missing); once all are, the cache is synced."""

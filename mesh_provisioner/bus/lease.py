@@ -30,7 +30,7 @@ from nats.js.kv import KeyValue
 
 from mesh_provisioner.bus.connection import open_bucket, stream_of
 from mesh_provisioner.bus.unanswered import Unanswered
-from mesh_provisioner.bus.watch import content, drop_watch, first_values
+from mesh_provisioner.bus.watch import Watch, drop_watch, first_values
 from mesh_provisioner.contract import HOLDER_KEY, LEASE_SECONDS, SEAT, SHARD_KEY_PREFIX, bucket
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Write
@@ -148,7 +148,7 @@ class SeatLease:
         process holds it now."""
         asked = time.monotonic()
         kv = await self._bucket()
-        sharded = [(lease, key) for key, (lease, _) in (await read_leases(self.nc, kv, self.seconds)).items()
+        sharded = [(lease, key) for key, (lease, _) in (await read_leases(self.nc, self.seconds)).items()
                    if key.startswith(SHARD_KEY_PREFIX)]
         for lease, key in sharded:
             self._other(lease, f"holds {key} (--shards {lease.shards or 1})")
@@ -291,18 +291,19 @@ def described(lease: r.Lease, what: str) -> str:
     return f"process {lease.pid} on {lease.host or '?'} {what}"
 
 
-async def read_leases(nc: Client, kv: KeyValue, seconds: float) -> dict[str, tuple[r.Lease, int]]:
+async def read_leases(nc: Client, seconds: float) -> dict[str, tuple[r.Lease, int]]:
     """Every lease in the seat's bucket now (the holder's, the shards', the members'), by key, with its revision;
     a value that is not a lease is said and left out. Each value waits `seconds` at most."""
-    _, info = await open_bucket(nc.jetstream(), SEAT)
-    watcher = await kv.watchall()
+    js = nc.jetstream()
+    _, info = await open_bucket(js, SEAT)
+    watcher = await Watch.start(js, SEAT)
     try:
-        values, _ = await first_values(watcher, SEAT, info.state.last_seq or 0, info.state.messages or 0, seconds)
+        values, _ = await first_values(watcher, info.state.last_seq or 0, info.state.messages or 0, seconds)
     finally:
-        await drop_watch(nc, nc.jetstream(), info.config.name or "", watcher)
+        await drop_watch(nc, js, watcher)
     leases: dict[str, tuple[r.Lease, int]] = {}
-    for key, entry in values.items():
-        value, revision = content(entry)
+    for key, update in values.items():
+        value, revision = update.value, update.revision
         if value is None:
             continue
         lease = r.decode(r.Lease, value)

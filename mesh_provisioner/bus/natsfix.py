@@ -25,7 +25,7 @@ The work-arounds reach into nats-py's private attributes where no public API doe
 5. A close that raises before it cancels the subscriptions (`close`). With data pending for a server that is
    gone, nats-py's close raises ConnectionResetError before it cancels its subscriptions' tasks: they stay on the
    loop for good (a host's loop, when the seat runs on one). They are cancelled here.
-6. A JetStream subscription stopped on a closed client (`stop_watch`). nats-py's unsubscribe raises before it
+6. A JetStream subscription stopped on a closed client (`unsubscribe_js`). nats-py's unsubscribe raises before it
    cancels the subscription's heartbeat and flow-control tasks, which then outlive the watch.
 """
 
@@ -42,7 +42,7 @@ from typing import Any, Final
 import nats.errors
 import nats.protocol.parser
 from nats.aio.client import Client
-from nats.js.kv import KeyValue
+from nats.js import JetStreamContext
 
 log = logging.getLogger("mesh_provisioner.bus.natsfix")
 
@@ -165,23 +165,21 @@ def _end_js(sub: Any) -> None:
             task.cancel()
 
 
-def watch_consumer(watcher: KeyValue.KeyWatcher) -> str | None:
-    """The name of a key-value watch's current consumer, None when it has none yet.
-
-    nats-py keeps the ordered consumer's name on the watch's subscription, and has no public getter for it.
-    """
-    consumer = getattr(getattr(watcher, "_sub", None), "_consumer", None)
+def consumer_of(sub: JetStreamContext.PushSubscription) -> str | None:
+    """The name of a JetStream push subscription's current consumer (an ordered consumer's changes as it is made
+    again), None when it has none yet. nats-py keeps it on the subscription, with no public getter for it."""
+    consumer = getattr(sub, "_consumer", None)
     return consumer if isinstance(consumer, str) else None
 
 
-async def stop_watch(watcher: KeyValue.KeyWatcher) -> None:
-    """Stop a key-value watch; on a client closed meanwhile, its heartbeat tasks are cancelled too (6).
+async def unsubscribe_js(sub: JetStreamContext.PushSubscription) -> None:
+    """Unsubscribe a JetStream push subscription; on a client closed meanwhile, its heartbeat and flow-control tasks
+    are cancelled too (6).
 
-    Raises nats-py's errors as `KeyWatcher.stop` does.
+    Raises nats-py's errors as its `unsubscribe` does.
     """
     try:
-        await watcher.stop()  # type: ignore[no-untyped-call]
+        await sub.unsubscribe()
     except nats.errors.ConnectionClosedError:
-        sub = getattr(watcher, "_sub", None)
         _end_js(getattr(sub, "_sub", sub))
         raise

@@ -22,11 +22,10 @@ import msgspec
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
-from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+from nats.js.kv import KeyValue
 
-from mesh_provisioner.bus.connection import stream_of
 from mesh_provisioner.bus.lease import ATTEMPT, SAFETY, SeatLease, described, read_leases, renew_key
-from mesh_provisioner.bus.watch import drop_watch
+from mesh_provisioner.bus.watch import Watch, drop_watch
 from mesh_provisioner.contract import HOLDER_KEY, LEASE_SECONDS, MEMBER_KEY_PREFIX, SEAT, SHARD_KEY_PREFIX
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Write
@@ -283,12 +282,13 @@ class ShardLeases(SeatLease):
                     log.debug("a rebalance the shard leases' watch asked for failed (%s)", err or type(err).__name__)
 
         worker = asyncio.create_task(rebalancing(), name="rebalance the shards")
-        watcher: KeyValue.KeyWatcher | None = None
+        watcher: Watch | None = None
+        js = self.nc.jetstream(timeout=ATTEMPT)
         try:
-            watcher = await kv.watch(">", meta_only=True)
+            watcher = await Watch.start(js, SEAT, headers_only=True)
             while self._following is me:
-                entry = await anext(watcher)
-                if entry is not None and self._moves(entry.key, entry.operation in (KV_DEL, KV_PURGE)):
+                update = await anext(watcher)
+                if self._moves(update.key, update.value is None):
                     moved.set()
         except StopAsyncIteration:
             pass  # the watch was stopped (its connection closed): the next look follows the bucket again
@@ -299,7 +299,7 @@ class ShardLeases(SeatLease):
             worker.cancel()
             moved.set()  # a cancel lost, the worker still sees it is over
             if watcher is not None:
-                await drop_watch(self.nc, self.nc.jetstream(timeout=ATTEMPT), stream_of(SEAT), watcher)
+                await drop_watch(self.nc, js, watcher)
 
     def _moves(self, key: str, deleted: bool) -> bool:
         """Whether a change of the bucket may move the shares: another process announced for the first time or gone,
@@ -396,7 +396,7 @@ class ShardLeases(SeatLease):
         members: set[str] = set()
         others: list[tuple[datetime, str]] = []
         blocker = ""  # set once read: `waiting_for` may be asked meanwhile, on another thread
-        for key, (lease, revision) in (await read_leases(self.nc, kv, self.seconds)).items():
+        for key, (lease, revision) in (await read_leases(self.nc, self.seconds)).items():
             shard = parse_shard_key(key, self.shards)
             if key == HOLDER_KEY or (key.startswith(SHARD_KEY_PREFIX) and lease.shards != self.shards):
                 # A lease of another shard count (the whole seat's `holder` is one): not counted live, and held.

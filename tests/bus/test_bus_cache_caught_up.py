@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from helpers import NatsServer, seed_buckets, wait_until
 from nats.aio.client import Client
-from nats.js.kv import KeyValue
 
 from mesh_provisioner.bus.cache import Cache
 from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.bus.watch import Watch
 from mesh_provisioner.contract import bound, bucket
 
 STATE = bound("mesh-vault")
@@ -52,16 +52,24 @@ class LaggingServer:
 class Stalled:
     """One watch of `LaggingServer`."""
 
-    def __init__(self, real: KeyValue.KeyWatcher, server: LaggingServer) -> None:
+    def __init__(self, real: Watch, server: LaggingServer) -> None:
         self.real = real
         self.server = server
         self._sub = Consumer(real._sub, self)  # what the cache asks for its consumer's word
 
+    @property
+    def state(self) -> str:
+        return self.real.state
+
+    @property
+    def consumer(self) -> str | None:
+        return self.real.consumer
+
     async def __anext__(self) -> Any:
-        return await self.real.__anext__()  # type: ignore[no-untyped-call]
+        return await self.real.__anext__()
 
     async def stop(self) -> None:
-        await self.real.stop()  # type: ignore[no-untyped-call]
+        await self.real.stop()
 
     async def __aiter__(self) -> AsyncIterator[Any]:
         async for update in self.real:
@@ -88,14 +96,14 @@ class Consumer:
 @pytest.fixture
 def lagging(monkeypatch: pytest.MonkeyPatch) -> Iterator[LaggingServer]:
     server = LaggingServer()
-    real = KeyValue.watchall
+    real = Watch.start
 
-    async def watchall(self: KeyValue, **kwargs: Any) -> Any:
-        watcher = Stalled(await real(self, **kwargs), server)
+    async def start(js: Any, state: str, **options: Any) -> Any:
+        watcher = Stalled(await real(js, state, **options), server)
         server.watchers.append(watcher)
         return watcher
 
-    monkeypatch.setattr(KeyValue, "watchall", watchall)
+    monkeypatch.setattr(Watch, "start", start)
     yield server
 
 

@@ -1,94 +1,68 @@
-"""The cache's first load of a bucket is whole even when nats-py's watch says "all values came" before they did.
+"""The cache's first load of a bucket is whole even when its watch says "nothing more pending" before it is.
 
-nats-py's `KeyValue.watch` puts its marker (None: every current value delivered) as soon as the consumer reports
-nothing pending and the client has handled no message yet; the consumer may have pushed every value by then, so the
-marker can come before the values. A cache that took that marker as the end of its load reconciled memory with an
-empty bucket, raised its floor to the stream's last revision, and then dropped the values as old news when they
-came: keys lost for as long as the seat ran (design.md, property 3). Found by the fault runner's fixed-point check
-(a fresh seat judged credentials `asked` for want of mesh-vault's entries it never kept). On a cluster, a watch's
-consumer on a server still catching up after a restart says nothing is pending before it has delivered every value:
-that does not end the load either (found by the runner's cluster scenario).
+A load ends at the stream's last revision from just before the watch started, not when the consumer says nothing is
+pending: on a cluster, a watch's consumer on a server still catching up after a restart says so before it has
+delivered every value (found by the runner's cluster scenario). A cache that ended its load there reconciled memory
+with what had come, raised its floor to the stream's last revision, and then dropped the other values as old news
+when they came: keys lost for as long as the seat ran (design.md, property 3).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 import nats.errors
 import pytest
 from helpers import NatsServer, seed_buckets, wait_until
 from nats.aio.client import Client
-from nats.js.kv import KeyValue
 
 from mesh_provisioner.bus.cache import Cache
 from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.bus.watch import Update, Watch
 from mesh_provisioner.contract import bound, bucket
 
 STATE = bound("mesh-vault")
 KEYS = ("ace.gitea.pg-credential.main", "ace.postgres.pg-credential", "bee.mailer.pg-credential.mail")
 
 
-class MarkerFirst:
-    """A real watch whose marker comes before its values, as nats-py's does when it loses the race."""
+class Behind:
+    """A real watch whose consumer says nothing is pending after its first value, as one on a cluster's server that
+    is still catching up does, and whose other values come after."""
 
-    def __init__(self, real: KeyValue.KeyWatcher) -> None:
+    def __init__(self, real: Watch) -> None:
         self.real = real
-        self.marked = False
+        self.said = False
 
-    async def __anext__(self) -> Any:
-        if not self.marked:
-            self.marked = True
-            return None
-        return await self.real.__anext__()  # type: ignore[no-untyped-call]
+    async def __anext__(self) -> Update:
+        update = await self.real.__anext__()
+        if not self.said:
+            self.said = True
+            return msgspec.structs.replace(update, pending=0)
+        return update
+
+    def __aiter__(self) -> Behind:
+        return self
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
 
-    def __aiter__(self) -> AsyncIterator[Any]:
-        return self.real.__aiter__()  # type: ignore[no-any-return]
-
-
-class BehindFirst(MarkerFirst):
-    """A real watch whose consumer says nothing is pending after its first value, as one on a cluster's server that
-    is still catching up does, and whose other values come after."""
-
-    async def __anext__(self) -> Any:
-        update = await self.real.__anext__()  # type: ignore[no-untyped-call]
-        if not self.marked and update is not None:
-            self.marked = True
-            return dataclasses.replace(update, delta=0)
-        return update
-
-
-def watches_as(monkeypatch: pytest.MonkeyPatch, kind: type[MarkerFirst]) -> None:
-    """Every key-value watch made from now on is a real one seen through `kind`."""
-    real = KeyValue.watchall
-
-    async def watchall(self: KeyValue, **kwargs: Any) -> Any:
-        return kind(await real(self, **kwargs))
-
-    monkeypatch.setattr(KeyValue, "watchall", watchall)
-
-
-@pytest.fixture
-def racing(monkeypatch: pytest.MonkeyPatch) -> None:
-    watches_as(monkeypatch, MarkerFirst)
-
 
 @pytest.fixture
 def behind(monkeypatch: pytest.MonkeyPatch) -> None:
-    watches_as(monkeypatch, BehindFirst)
+    """Every watch made from now on is a real one seen through `Behind`."""
+    real = Watch.start
+
+    async def start(js: Any, state: str, **options: Any) -> Any:
+        return Behind(await real(js, state, **options))
+
+    monkeypatch.setattr(Watch, "start", start)
 
 
-@pytest.mark.parametrize("watch", ["racing", "behind"])
-def test_a_marker_or_nothing_pending_before_the_values_loses_none_of_them(
-    watch: str, request: pytest.FixtureRequest, loop: EventLoopThread, nc: Client, other: Client,
-    nats_server: NatsServer,
+def test_nothing_pending_said_before_the_values_loses_none_of_them(
+    behind: None, loop: EventLoopThread, nc: Client, other: Client, nats_server: NatsServer
 ) -> None:
-    request.getfixturevalue(watch)
     seed_buckets(nats_server.url, [STATE])
 
     async def fill() -> None:
@@ -110,32 +84,19 @@ def test_a_marker_or_nothing_pending_before_the_values_loses_none_of_them(
         loop.run(cache.stop(), 10)
 
 
-def test_an_empty_bucket_still_loads_at_the_marker(
-    racing: None, loop: EventLoopThread, nc: Client, nats_server: NatsServer
-) -> None:
-    seed_buckets(nats_server.url, [STATE])
-    cache = Cache(nc, states=[STATE])
-    loop.run(cache.start(), 10)
-    try:
-        loop.run(asyncio.wait_for(cache.wait_synced(), 5), 10)
-        assert list(cache.view.keys(STATE)) == []
-    finally:
-        loop.run(cache.stop(), 10)
-
-
 @pytest.fixture
 def first_watch_fails(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The first watch of the bucket fails to start, as one does while a cluster elects a leader."""
-    real = KeyValue.watchall
+    real = Watch.start
     failed: list[str] = []
 
-    async def watchall(self: KeyValue, **kwargs: Any) -> Any:
+    async def start(js: Any, state: str, **options: Any) -> Any:
         if not failed:
-            failed.append(self._name)
+            failed.append(bucket(state))
             raise nats.errors.TimeoutError
-        return await real(self, **kwargs)
+        return await real(js, state, **options)
 
-    monkeypatch.setattr(KeyValue, "watchall", watchall)
+    monkeypatch.setattr(Watch, "start", start)
     return failed
 
 
@@ -161,24 +122,8 @@ def test_a_watch_that_fails_to_start_is_started_again(
         loop.run(cache.stop(), 10)
 
 
-class Markerless(MarkerFirst):
-    """A real watch whose marker never comes, as nats-py's when an idle heartbeat of its consumer came before the
-    consumer's info: it counts the heartbeat as a value delivered, and so never says that all of them came."""
-
-    async def __anext__(self) -> Any:
-        while True:
-            update = await self.real.__anext__()  # type: ignore[no-untyped-call]
-            if update is not None:
-                return update
-
-
-@pytest.fixture
-def markerless(monkeypatch: pytest.MonkeyPatch) -> None:
-    watches_as(monkeypatch, Markerless)
-
-
-def test_an_empty_bucket_loads_without_waiting_for_a_marker_that_may_never_come(
-    markerless: None, loop: EventLoopThread, nc: Client, other: Client, nats_server: NatsServer
+def test_a_key_written_to_an_empty_bucket_after_its_load_comes_as_a_change(
+    loop: EventLoopThread, nc: Client, other: Client, nats_server: NatsServer
 ) -> None:
     seed_buckets(nats_server.url, [STATE])
     cache = Cache(nc, states=[STATE], load_timeout=60)

@@ -18,7 +18,6 @@ from mesh_provisioner.bus.cache import Cache
 from mesh_provisioner.bus.connection import ensure_buckets, stream_of
 from mesh_provisioner.bus.lease import SeatLease
 from mesh_provisioner.bus.loop import EventLoopThread
-from mesh_provisioner.bus.natsfix import watch_consumer
 from mesh_provisioner.bus.shards import ShardLeases
 from mesh_provisioner.bus.store import Store
 from mesh_provisioner.contract import HOLDER_KEY, PLACEMENT, PLANS, SEAT, SEAT_STATES, bucket
@@ -41,7 +40,7 @@ def test_a_watch_whose_consumer_went_with_its_server_hears_the_next_change_withi
     loop.run(cache.start(), 10)
     try:
         loop.run(cache.wait_synced(10), 15)
-        consumer = watch_consumer(cache._watchers[PLACEMENT])
+        consumer = cache._watchers[PLACEMENT].consumer
         assert consumer is not None
         loop.run(other.jetstream().delete_consumer(stream_of(PLACEMENT), consumer), 10)
 

@@ -14,7 +14,7 @@ from mesh_provisioner.bus.lease import SeatLease, read_leases
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.bus.shards import ShardLeases
 from mesh_provisioner.bus.store import Store
-from mesh_provisioner.contract import NEEDS, PLANS, PROVISIONS, REGISTRY, SEAT, SEAT_STATES, bucket
+from mesh_provisioner.contract import NEEDS, PLANS, PROVISIONS, REGISTRY, SEAT_STATES
 from mesh_provisioner.messages.writes import Put
 from mesh_provisioner.rules.shards import shard_key, shard_of
 
@@ -159,10 +159,9 @@ def test_8_1_a_shard_given_back_keeps_its_key_until_the_writes_sent_under_it_are
     assert loop.run(a.renew(), 10)
     assert a.mine() == [0, 1]
     assert "does not hold shard 2" in a.guard(Put(PLANS, f"{node_in(2)}.gitea", b"{}", 0)), "its writes stop at once"
-    kv = loop.run(nc.jetstream().key_value(bucket(SEAT)), 10)
 
     def holder_of(shard: int) -> str:
-        lease = loop.run(read_leases(nc, kv, LEASE), 10).get(shard_key(shard))
+        lease = loop.run(read_leases(nc, LEASE), 10).get(shard_key(shard))
         return lease[0].holder if lease is not None else ""
 
     # b takes each shard as it is given back: it follows the bucket (`_follow`).

@@ -22,7 +22,7 @@ from nats.aio.msg import Msg
 
 from mesh_provisioner.bus.connection import connect
 from mesh_provisioner.bus.loop import EventLoopThread
-from mesh_provisioner.bus.natsfix import FixedClient, stop_watch
+from mesh_provisioner.bus.natsfix import FixedClient, unsubscribe_js
 
 GONE = "nats-py no longer has this defect: the work-around {} of mesh_provisioner/bus/natsfix.py can go"
 
@@ -207,14 +207,14 @@ def test_nats_py_stopping_a_watch_on_a_closed_client_leaves_its_heartbeat_check_
     with pytest.raises(nats.errors.ConnectionClosedError):
         loop.run(watcher.stop(), 5)
     loop.run(asyncio.sleep(0), 5)
-    assert not _heartbeat(watcher).done(), GONE.format("6 (stop_watch)")
+    assert not _heartbeat(watcher).done(), GONE.format("6 (unsubscribe_js)")
     _heartbeat(watcher).cancel()
 
 
-def test_stop_watch_on_a_closed_client_ends_its_heartbeat_check(loop: EventLoopThread, plain: Client) -> None:
+def test_unsubscribe_js_on_a_closed_client_ends_its_heartbeat_check(loop: EventLoopThread, plain: Client) -> None:
     watcher = _watch_then_close(loop, plain)
     with pytest.raises(nats.errors.ConnectionClosedError):
-        loop.run(stop_watch(watcher), 5)
+        loop.run(unsubscribe_js(watcher._sub), 5)
     wait_until(_heartbeat(watcher).done, what="the heartbeat check ended")
 
 
