@@ -12,6 +12,7 @@ import functools
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Collection
 from typing import Final
 
@@ -43,6 +44,8 @@ LEASE_CONNECTION: Final = "mesh-provisioner-lease"
 AGAIN_WHEN_LAPSED: Final = 0.5
 # How often holding looks whether it must end: asked to stop, the lease lost, the supervisor given up.
 WATCH_EVERY: Final = 0.1
+# How often a process starting to hold shards looks whether it holds its whole share yet (`_await_share`).
+SHARE_EVERY: Final = 0.01
 
 
 class LeaseKeeper:
@@ -205,6 +208,8 @@ class Seat:
         keeper = LeaseKeeper(self)
         keeper.start()
         shards = self.lease if isinstance(self.lease, ShardLeases) else None
+        if shards is not None:
+            self._await_share(shards, stop)
         # Every shard held now is loaded and composed from the start; one taken later, once `took` read it. Memory is
         # read anew: shards no longer held before now are nothing to let go of.
         self.lease.taken()
@@ -255,6 +260,15 @@ class Seat:
             self.supervisor = None
             self.on_hold(None)
         return why, gave_up
+
+    def _await_share(self, shards: ShardLeases, stop: threading.Event) -> None:
+        """Wait a look at most for the rest of this process's fair share while another process still hands it over
+        (contract 8.1): a shard taken once the runtime started is read again whole and its nodes composed late (`took`),
+        and the other processes meanwhile compose their consumers of its providers, to compose them again once those
+        are."""
+        deadline = time.monotonic() + shards.renew_every
+        while shards.missing and time.monotonic() < deadline and not stop.wait(SHARE_EVERY):
+            pass
 
     def _ready(self, shards: Collection[int]) -> None:
         """Tell the lease that what is kept of the shards' nodes is read: they are composed from now on (8.1)."""

@@ -29,7 +29,15 @@ from mesh_provisioner.bus.watch import Watch, drop_watch
 from mesh_provisioner.contract import HOLDER_KEY, LEASE_SECONDS, MEMBER_KEY_PREFIX, SEAT, SHARD_KEY_PREFIX
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.messages.writes import Write
-from mesh_provisioner.rules.shards import member_key, parse_shard_key, rebalance, shard_key, shard_of, shard_of_write
+from mesh_provisioner.rules.shards import (
+    member_key,
+    parse_shard_key,
+    rebalance,
+    shard_key,
+    shard_of,
+    shard_of_write,
+    wanting,
+)
 
 log = logging.getLogger("mesh_provisioner.bus.shards")
 
@@ -55,6 +63,8 @@ class ShardLeases(SeatLease):
         # Shards held whose nodes this process composes: what it keeps of them was read since it took them (`ready`).
         self._ready: set[int] = set()
         self._dropped: set[int] = set()  # shards no longer held since last asked (`dropped`)
+        # How many shards past those held this process's fair share wants, as the last rebalance saw.
+        self.missing = 0
 
     def record(self) -> r.Lease:
         """The lease record this process writes, with the shard count it runs with (8.1: the same for every process)."""
@@ -341,24 +351,11 @@ class ShardLeases(SeatLease):
             take = []
             if others < (self._since or datetime.max.replace(tzinfo=UTC), self.holder):
                 give = sorted(self._revisions)
-        taken: list[int] = []
-        for shard in take:
-            asked = time.monotonic()
-            lease = self.record()  # since this process first took a shard, held since without a break
-            try:
-                revision = await kv.create(shard_key(shard), r.encode(lease))
-            except nats.js.errors.KeyWrongLastSequenceError:
-                continue  # another process took it first
-            except nats.js.errors.APIError as err:
-                if err.err_code in (10071, 10164):
-                    continue
-                raise
-            self._since = lease.since
-            self._revisions[shard] = revision
-            self._deadlines[shard] = asked + self.seconds * (1 - SAFETY)
-            self._renewed[shard] = asked
-            taken.append(shard)
-            self._taken.add(shard)
+        # All at once: a shard just given back is taken over its delete marker in three requests (nats-py's `create`),
+        # and 32 of them one after the other took 0.4 s of a start.
+        taken = [s for s in await asyncio.gather(*(self._take(kv, shard) for shard in take)) if s is not None]
+        held = {**holders, **dict.fromkeys(taken, self.holder)}
+        self.missing = 0 if others else wanting(self.shards, self.holder, held, members)
         for shard in give:
             # Its key is deleted meanwhile (`_hand_over`): renewals of the others go on while its writes are answered.
             handing = asyncio.create_task(self._hand_over(kv, shard, *self._let_go(shard)), name=f"give back {shard}")
@@ -369,6 +366,26 @@ class ShardLeases(SeatLease):
                      len(self._revisions), self.shards, self.holder)
         if give:
             log.info("gave shards %s of the seat back to the processes that joined", _listed(give))
+
+    async def _take(self, kv: KeyValue, shard: int) -> int | None:
+        """Take one free shard: its key created with this process's lease; answers the shard, None when another
+        process took it first."""
+        asked = time.monotonic()
+        lease = self.record()  # since this process first took a shard, held since without a break
+        try:
+            revision = await kv.create(shard_key(shard), r.encode(lease))
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return None  # another process took it first
+        except nats.js.errors.APIError as err:
+            if err.err_code in (10071, 10164):
+                return None
+            raise
+        self._since = self._since or lease.since
+        self._revisions[shard] = revision
+        self._deadlines[shard] = asked + self.seconds * (1 - SAFETY)
+        self._renewed[shard] = asked
+        self._taken.add(shard)
+        return shard
 
     async def _take_back(self, kv: KeyValue, shard: int, revision: int) -> None:
         """Take back a shard whose lease lapsed here while its key, this process's, is still on the bus: no one else

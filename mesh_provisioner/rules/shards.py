@@ -78,10 +78,7 @@ def rebalance(
     A shard whose holder is "" is held by a process that is not counted (one of another shard count): not free, and
     not a live process.
     """
-    live = sorted(set(members) | {h for h in holders.values() if h} | {mine})
-    rank = live.index(mine)
-    share = fair_share(shards, len(live), rank)
-    start = sum(fair_share(shards, len(live), i) for i in range(rank)) % shards
+    share, start = _share(shards, mine, holders, members)
     preferred = [*range(start, shards), *range(start)]  # this process's stretch first
     place = {s: i for i, s in enumerate(preferred)}
     held = sorted((s for s, h in holders.items() if h == mine), key=place.__getitem__)
@@ -90,3 +87,16 @@ def rebalance(
     take = sorted(free[: max(share - len(held), 0)])
     return take, give
 
+
+def wanting(shards: int, mine: str, holders: Mapping[int, str], members: Iterable[str]) -> int:
+    """How many shards past those it holds a process's fair share wants: shards others hold yet, being given back
+    (`rebalance` takes only free ones), or lapsed and not yet aged out."""
+    share, _ = _share(shards, mine, holders, members)
+    return max(share - sum(1 for h in holders.values() if h == mine), 0)
+
+
+def _share(shards: int, mine: str, holders: Mapping[int, str], members: Iterable[str]) -> tuple[int, int]:
+    """A process's fair share among the live processes (`rebalance`), and the shard its own stretch begins at."""
+    live = sorted(set(members) | {h for h in holders.values() if h} | {mine})
+    rank = live.index(mine)
+    return fair_share(shards, len(live), rank), sum(fair_share(shards, len(live), i) for i in range(rank)) % shards

@@ -35,11 +35,12 @@ def test_8_1_a_process_takes_every_free_shard_alone_and_gives_back_half_when_ano
     assert loop.run(a.take(), 10)
     assert a.mine() == [0, 1, 2, 3] and a.taken() == {0, 1, 2, 3}
     assert not loop.run(b.take(), 10)  # announced, nothing free yet
+    assert b.missing == 2, "its share is a's until a gives it back"
     assert loop.run(a.renew(), 10)  # a sees b and gives back past its share
     assert a.mine() == [0, 1]
     assert a.dropped() == {2, 3} and a.dropped() == set(), "memory lets go of what only 2's and 3's nodes read, once"
     assert loop.run(b.take(), 10)
-    assert b.mine() == [2, 3] and b.taken() == {2, 3}
+    assert b.mine() == [2, 3] and b.taken() == {2, 3} and b.missing == 0
     assert a.holds(node_in(0)) and not a.holds(node_in(2)) and b.holds(node_in(3))
     loop.run(a.give_back(), 10)
     assert not a.held and a.dropped() == {0, 1}

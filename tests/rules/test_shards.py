@@ -30,6 +30,7 @@ from mesh_provisioner.rules.shards import (
     shard_key,
     shard_of,
     shard_of_write,
+    wanting,
 )
 from mesh_provisioner.rules.writing import provision_of
 from tests.support.differential import compare, expected, off_fixed_point
@@ -85,6 +86,16 @@ def _rebalanced(shards: int, processes: list[str], holders: dict[int, str], orde
         if not moved:
             return holders
     raise AssertionError("the processes never stopped moving shards")
+
+
+def test_8_1_a_process_wants_the_rest_of_its_fair_share_while_another_still_holds_it() -> None:
+    holders = dict.fromkeys(range(4), "a")
+    assert rebalance(4, "b", holders, ["a", "b"]) == ([], [])
+    assert wanting(4, "b", holders, ["a", "b"]) == 2, "a holds b's share until it gives it back"
+    assert wanting(4, "a", holders, ["a", "b"]) == 0
+    del holders[2], holders[3]  # given back: free
+    take, _ = rebalance(4, "b", holders, ["a", "b"])
+    assert take == [2, 3] and wanting(4, "b", {**holders, 2: "b", 3: "b"}, ["a", "b"]) == 0
 
 
 @settings(max_examples=200, deadline=None)

@@ -1,0 +1,77 @@
+"""A partitioned seat (contract 8.1) starting while another process still hands its share over: it waits a moment for
+the rest of its share before it starts composing, so that its nodes are read and composed from the start rather than
+taken once the runtime runs (read again whole, composed late, and their consumers elsewhere composed twice)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import nats
+import pytest
+from helpers import NatsServer, wait_until
+from nats.js.kv import KeyValue
+
+from mesh_provisioner.bus.connection import ensure_buckets, open_bucket
+from mesh_provisioner.bus.loader import load_states
+from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.config import Config
+from mesh_provisioner.contract import SEAT, SEAT_STATES
+from mesh_provisioner.messages import records as r
+from mesh_provisioner.rules.shards import member_key, shard_key
+from mesh_provisioner.runtime import Runtime
+from mesh_provisioner.samples import sample_mesh
+from mesh_provisioner.seat import Seat
+
+SHARDS = 4
+LEASE = 10.0  # a look a second: the share waited for that long at most
+
+
+@pytest.fixture
+def bus(nats_server: NatsServer) -> Iterator[tuple[NatsServer, EventLoopThread]]:
+    with EventLoopThread() as loop:
+        loop.run(load_states(nats_server.url, sample_mesh()), 30)
+        yield nats_server, loop
+
+
+def test_8_1_a_process_whose_share_is_still_being_given_back_starts_composing_once_it_holds_all_of_it(
+    bus: tuple[NatsServer, EventLoopThread], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, loop = bus
+    # Process "a" (no process of this test: its keys alone) holds all 4 shards and is live: b's share is 2 and 3.
+
+    async def seat_bucket() -> tuple[Any, KeyValue]:
+        nc = await nats.connect(server.url)
+        await ensure_buckets(nc.jetstream(), SEAT_STATES, lease=LEASE)
+        kv, _ = await open_bucket(nc.jetstream(), SEAT)
+        a = r.encode(r.Lease(holder="a", pid=1, shards=SHARDS))
+        await kv.put(member_key("a"), a)
+        for shard in range(SHARDS):
+            await kv.put(shard_key(shard), a)
+        return nc, kv
+
+    nc, kv = loop.run(seat_bucket(), 30)
+    started_with: list[list[int]] = []
+    real = Runtime.start
+
+    def start(config: Config, **options: Any) -> Runtime:
+        started_with.append(held.lease.mine())  # type: ignore[attr-defined]
+        return real(config, **options)
+
+    monkeypatch.setattr(Runtime, "start", start)
+    held = Seat(Config(nats=server.url, lease_seconds=LEASE, shards=SHARDS))
+    stop = threading.Event()
+    serving = threading.Thread(target=held.serve, args=(stop,), daemon=True)
+    serving.start()
+    try:
+        loop.run(kv.delete(shard_key(2)), 10)  # a gives shard 2 back first
+        wait_until(lambda: held.lease.held, 30, 0.005, "b takes shard 2")
+        assert held.lease.mine() == [2]  # type: ignore[attr-defined]
+        loop.run(kv.delete(shard_key(3)), 10)  # then shard 3, b already holding
+        wait_until(lambda: held.ready() == "", 30, 0.05, "b composes")
+        assert started_with == [[2, 3]], "b began composing before it held its whole share"
+    finally:
+        stop.set()
+        serving.join(30)
+        loop.run(nc.close(), 10)
