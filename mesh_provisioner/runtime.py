@@ -210,9 +210,14 @@ class Runtime:
         """Shards were given back, lapsed or lost (contract 8.1): memory lets go of what only their nodes' judgments
         read (rules/kept.py), so that a process holding half the shards keeps about what one started with them would.
         Their nodes are not composed any more (`owns`); taken again, they are read again (`took`)."""
-        if self._kept is not None:
+        if self._kept is None:
+            return
+        try:
             dropped = self.loop.run(self.cache.let_go(self._by_node), self.config.request_timeout * 6)
-            log.info("memory let go of %d key(s) no judgment of this process reads any more", dropped)
+        except TimeoutError as err:  # only memory is saved: what is left goes as its keys change
+            log.warning("memory did not let go of what no judgment of this process reads any more: %s", err)
+            return
+        log.info("memory let go of %d key(s) no judgment of this process reads any more", dropped)
 
     def _first_shard(self) -> None:
         """The registry and the retired needs, written by the holder of shard 0 alone (contract 8.1), once a holding."""

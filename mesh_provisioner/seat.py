@@ -208,15 +208,14 @@ class Seat:
         keeper = LeaseKeeper(self)
         keeper.start()
         shards = self.lease if isinstance(self.lease, ShardLeases) else None
-        if shards is not None:
-            self._await_share(shards, stop)
-        # Every shard held now is loaded and composed from the start; one taken later, once `took` read it. Memory is
-        # read anew: shards no longer held before now are nothing to let go of.
-        self.lease.taken()
-        if shards is not None:
-            shards.dropped()
         try:
             if shards is not None:
+                self._await_share(shards, stop)
+            # Every shard held now is loaded and composed from the start; one taken later, once `took` read it. Memory
+            # is read anew: shards no longer held before now are nothing to let go of.
+            self.lease.taken()
+            if shards is not None:
+                shards.dropped()
                 self._ready(shards.mine())
             sup = Runtime.start(
                 self.config, nc=self.nc, loop=self.loop.loop, guard=self.lease.guard, unanswered=self.lease.unanswered,
@@ -262,10 +261,10 @@ class Seat:
         return why, gave_up
 
     def _await_share(self, shards: ShardLeases, stop: threading.Event) -> None:
-        """Wait a look at most for the rest of this process's fair share while another process still hands it over
-        (contract 8.1): a shard taken once the runtime started is read again whole and its nodes composed late (`took`),
-        and the other processes meanwhile compose their consumers of its providers, to compose them again once those
-        are."""
+        """Wait a look at most for the rest of this process's fair share while other processes hold it (one handing it
+        over, or one gone whose leases have not aged out yet; contract 8.1): a shard taken once the runtime started is
+        read again whole and its nodes composed late (`took`), and the other processes meanwhile compose their consumers
+        of its providers, to compose them again once those are."""
         deadline = time.monotonic() + shards.renew_every
         while shards.missing and time.monotonic() < deadline and not stop.wait(SHARE_EVERY):
             pass

@@ -294,7 +294,7 @@ def described(lease: r.Lease, what: str) -> str:
 async def read_leases(nc: Client, seconds: float) -> dict[str, tuple[r.Lease, int]]:
     """Every lease in the seat's bucket now (the holder's, the shards', the members'), by key, with its revision;
     a value that is not a lease is said and left out. Each value waits `seconds` at most."""
-    js = nc.jetstream()
+    js = nc.jetstream(timeout=ATTEMPT)
     _, info = await open_bucket(js, SEAT)
     watcher = await Watch.start(js, SEAT)
     try:

@@ -301,7 +301,7 @@ class ShardLeases(SeatLease):
                 if self._moves(update.key, update.value is None):
                     moved.set()
         except StopAsyncIteration:
-            pass  # the watch was stopped (its connection closed): the next look follows the bucket again
+            pass  # the watch was stopped: the next look follows the bucket again
         except _BUS_ERRORS as err:
             log.info("the shard leases are not followed (%s): they are looked at every %.1f s", err or
                      type(err).__name__, self.renew_every)
@@ -352,8 +352,10 @@ class ShardLeases(SeatLease):
             if others < (self._since or datetime.max.replace(tzinfo=UTC), self.holder):
                 give = sorted(self._revisions)
         # All at once: a shard just given back is taken over its delete marker in three requests (nats-py's `create`),
-        # and 32 of them one after the other took 0.4 s of a start.
-        taken = [s for s in await asyncio.gather(*(self._take(kv, shard) for shard in take)) if s is not None]
+        # and 32 of them one after the other took 0.4 s of a start. Every take is waited for, failed or not, so that
+        # none changes what is held once this rebalance is over; the first failure is raised after.
+        results = await asyncio.gather(*(self._take(kv, shard) for shard in take), return_exceptions=True)
+        taken = [result for result in results if isinstance(result, int)]
         held = {**holders, **dict.fromkeys(taken, self.holder)}
         self.missing = 0 if others else wanting(self.shards, self.holder, held, members)
         for shard in give:
@@ -366,6 +368,8 @@ class ShardLeases(SeatLease):
                      len(self._revisions), self.shards, self.holder)
         if give:
             log.info("gave shards %s of the seat back to the processes that joined", _listed(give))
+        if failed := next((result for result in results if isinstance(result, BaseException)), None):
+            raise failed
 
     async def _take(self, kv: KeyValue, shard: int) -> int | None:
         """Take one free shard: its key created with this process's lease; answers the shard, None when another

@@ -65,8 +65,8 @@ WATCH_HEARTBEAT: Final = 0.25
 class WatchingJetStream(JetStreamContext):
     """A JetStream context whose ordered consumers (the key-value watches) beat every `WATCH_HEARTBEAT` s.
 
-    nats-py's `KeyValue.watch` takes no heartbeat; it makes its consumer with this context's `subscribe`, which
-    gives an ordered consumer this heartbeat when none is asked for.
+    A watch (`Watch.start`) makes its consumer with this context's `subscribe`, which gives an ordered consumer this
+    heartbeat when none is asked for.
     """
 
     async def subscribe(
@@ -126,10 +126,10 @@ class Watch:
     stream's order; iterated until stopped.
 
     nats-py's `KeyValue.watch` does the same through nats-py's ordered consumer, as this does, but makes each message a
-    `KeyValue.Entry` with all of its metadata parsed (a timestamp, pairs of sequences) and passes it through a task
-    and a queue more: on the benchmarks' 1,000-node mesh a message cost 10.6 µs of the loop to the cache that way,
-    against 5.0 for the ordered consumer alone. This reads of a message only what the cache uses: its key, its value
-    or operation, its revision and the count still pending, from the reply subject and one header.
+    `KeyValue.Entry` with all of its metadata parsed (a timestamp, pairs of sequences, a datetime): on the benchmarks'
+    1,000-node mesh a message cost 10.6 µs of the loop to the cache that way, against 5.0 for the ordered consumer
+    alone. This reads of a message only what the cache uses: its key, its value or operation, its revision and the
+    count still pending, from the reply subject and one header.
     """
 
     def __init__(self, state: str) -> None:
@@ -137,6 +137,7 @@ class Watch:
         self._prefix = len(subject_of(state, ""))
         self._updates: asyncio.Queue[Update | None] = asyncio.Queue(_QUEUED)  # None: stopped
         self._sub: JetStreamContext.PushSubscription | None = None
+        self._stopped = False
 
     @classmethod
     async def start(cls, js: JetStreamContext, state: str, *, headers_only: bool = False,
@@ -158,7 +159,9 @@ class Watch:
 
     async def _received(self, msg: Msg) -> None:
         """Queue one message of the bucket as an update (nats-py calls this for each, in order); a message that is no
-        key-value message, or a marker of a reason not known, is left out."""
+        key-value message, or a marker of a reason not known, is left out; so is any once the watch is stopped."""
+        if self._stopped:
+            return
         value: bytes | None = msg.data
         headers = msg.headers
         if headers:
@@ -185,31 +188,31 @@ class Watch:
         return self
 
     async def __anext__(self) -> Update:
+        if self._stopped and self._updates.empty():
+            raise StopAsyncIteration
         update = await self._updates.get()
         if update is None:
-            self._updates.put_nowait(None)  # stopped for every later reader too
             raise StopAsyncIteration
         return update
 
     async def stop(self) -> None:
         """Stop the watch: its consumer is unsubscribed (deleted by `drop_watch`, or reaped by the server once
-        inactive) and iterating it ends. Raises nats-py's errors as its `unsubscribe` does."""
+        inactive), nothing more is queued, and iterating it ends once what was queued is read. Raises nats-py's errors
+        as its `unsubscribe` does."""
+        self._stopped = True
         try:
             if self._sub is not None:
                 await unsubscribe_js(self._sub)
         finally:
-            while True:
-                try:
-                    self._updates.put_nowait(None)
-                    break
-                except asyncio.QueueFull:
-                    self._updates.get_nowait()  # an update nobody will read makes room
+            # A reader waiting for an update is woken; one reading later takes what was queued, then ends.
+            if self._updates.empty():
+                self._updates.put_nowait(None)
 
 
 async def first_values(
     watcher: Watch, last: int, messages: int, load_timeout: float, keep: Callable[[str, bytes], bool] | None = None,
 ) -> tuple[dict[str, Update], int]:
-    """The bucket `name`'s current values, by key, as a new watch delivers them first, and the newest revision
+    """The watched bucket's current values, by key, as a new watch delivers them first, and the newest revision
     delivered (`last` at least). `keep` says which values to hold on to (a delete is always held): the others are
     dropped as they come, never all held at once.
 

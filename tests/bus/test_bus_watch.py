@@ -55,6 +55,22 @@ def test_a_watch_delivers_each_keys_newest_value_then_every_change_deletes_and_p
     assert markers == [Update("dog", None, 7, 0), Update("fox", b"5", 9, 0)], "a marker of no known reason is left out"
 
 
+def test_a_watch_stopped_while_read_ends_its_reader(loop: EventLoopThread, nc: Client, nats_server: NatsServer) -> None:
+    seed_buckets(nats_server.url, [PLACEMENT])
+
+    async def go() -> list[Update]:
+        watch = await Watch.start(nc.jetstream(), PLACEMENT)
+        reader = asyncio.create_task(_next(watch, 1))
+        await asyncio.sleep(0)  # the reader waits for an update that never comes
+        await watch.stop()
+        try:
+            return await reader
+        except StopAsyncIteration:
+            return []
+
+    assert loop.run(go(), 20) == []
+
+
 def test_a_watch_of_headers_only_says_which_keys_changed_and_which_have_none(
     loop: EventLoopThread, nc: Client, nats_server: NatsServer
 ) -> None:
@@ -79,16 +95,21 @@ def test_a_stopped_watch_ends_its_iteration_even_with_its_queue_full(
 ) -> None:
     seed_buckets(nats_server.url, [PLACEMENT])
 
-    async def go() -> int:
+    async def go() -> tuple[int, bool]:
         kv = await nc.jetstream().key_value(bucket(PLACEMENT))
         await asyncio.gather(*(kv.put(f"n{i}", b"x") for i in range(400)))
         watch = await Watch.start(nc.jetstream(), PLACEMENT)
         while watch._updates.qsize() < watch._updates.maxsize:
             await asyncio.sleep(0.01)
         await watch.stop()
-        return len([u async for u in watch])
+        read = len([u async for u in watch])
+        try:
+            await anext(watch)
+        except StopAsyncIteration:
+            return read, True
+        return read, False
 
-    assert loop.run(go(), 20) < 256, "what was queued, and no more"
+    assert loop.run(go(), 20) == (256, True), "what was queued and no more, then the end, again"
 
 
 @pytest.mark.parametrize(
