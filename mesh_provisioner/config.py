@@ -15,6 +15,9 @@ from mesh_provisioner.rules.signature import BadRouterKey, parse_key
 # The bus calls one piece of an actor's work makes one after another, at most: a batch of writes opens its bucket,
 # gathers its acknowledgements, and makes a create again on a delete marker (the marker read, the write made).
 CALLS_PER_WORK: Final = 4
+# How many request timeouts a load of the cache may go without headway (no value received, none taken into memory)
+# before it is given up: a server gone quiet. A load that makes headway is waited for however long it takes.
+LOAD_STALL_REQUESTS: Final = 6
 # JetStream keeps a bucket on at most five servers.
 MAX_REPLICAS: Final = 5
 # The URL schemes a NATS client speaks; a URL with none is nats://.
@@ -78,6 +81,12 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
         `request_timeout`, so that a slow call fails in the bus layer, which says why and has the work made again,
         never in the actor's wait, which would crash the actor."""
         return self.request_timeout * CALLS_PER_WORK
+
+    @property
+    def load_stall(self) -> float:
+        """How long the cache's load (the first, or a shard's keys read again) may go without headway before the seat
+        gives it up: a large mesh's load takes minutes, and is waited for while values come (`Cache.wait_loaded`)."""
+        return self.request_timeout * LOAD_STALL_REQUESTS
 
     def problems(self) -> list[tuple[str, str]]:
         """What is wrong with this configuration, as (field, why), found before anything connects; [] when nothing.

@@ -222,6 +222,9 @@ class Seat:
                 owns=shards.owns if shards is not None else None, holds=shards.holds if shards is not None else None,
                 metrics=self.metrics,
             )
+        except TimeoutError as err:  # the bus gone quiet as the seat started (its load made no headway, say)
+            keeper.stop()
+            return f"the seat could not start: {err}", False
         except BaseException:
             keeper.stop()
             raise
@@ -246,7 +249,11 @@ class Seat:
                 taken = self.lease.taken()
                 if taken:
                     ready = functools.partial(self._ready, taken) if shards is not None else (lambda: None)
-                    sup.took(in_shards(taken, self.lease.shards), ready)
+                    try:
+                        sup.took(in_shards(taken, self.lease.shards), ready)
+                    except TimeoutError as err:  # the bus gone quiet while the taken shards' keys were read
+                        why = f"the shards taken could not be read: {err}"
+                        break
                 if shards is not None and shards.dropped():
                     sup.gave()
                 self.freezer.tick(sup.quiet)

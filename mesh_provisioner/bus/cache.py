@@ -114,6 +114,9 @@ class Cache:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._watchers: dict[str, Watch] = {}  # each state's current watch, once it follows
+        self._live: set[Watch] = set()  # every watch made and not yet dropped, loading or following
+        self._received = 0  # messages received by the watches dropped so far
+        self._taken = 0  # values loads have taken into memory so far
         self._latest: dict[str, int] = {}  # each state's newest revision its watch delivered
         self._loading: set[str] = set()
         self._missing: set[str] = set()  # states whose bucket does not exist (section 2)
@@ -126,6 +129,12 @@ class Cache:
         self._created: dict[str, asyncio.Event] = {}
         self._advisories: Subscription | None = None
         self._resync_task: asyncio.Task[None] | None = None
+
+    @property
+    def headway(self) -> int:
+        """How far the cache's loads have come: messages its watches received, and values loads took into memory. It
+        grows while a load makes headway, however slowly (`wait_loaded`)."""
+        return self._received + self._taken + sum(w.received for w in self._live)
 
     @property
     def changes(self) -> int:
@@ -175,7 +184,7 @@ class Cache:
 
     async def _start_after(self, first: list[str], rest: list[str]) -> None:
         """Start the watches of `rest` once the states of `first` are loaded."""
-        await self._wait_loaded(first)
+        await self.wait_loaded(first)
         for state in rest:
             if state not in self._tasks:
                 self._restart(state)
@@ -200,14 +209,15 @@ class Cache:
             except Exception:
                 log.exception("the resync listener failed")
 
-    async def reload(self, states: Iterable[str], widening: bool = False) -> None:
+    async def reload(self, states: Iterable[str], widening: bool = False, stall: float | None = None) -> None:
         """Watch some buckets again from scratch and reconcile memory with them (a partitioned seat's memory keeps
-        more of them once it holds more shards, or `widening`: see `_begin_reload`); returns once they are loaded."""
+        more of them once it holds more shards, or `widening`: see `_begin_reload`); returns once they are loaded
+        (`wait_loaded`, with `stall`)."""
         states = [s for s in states if s in self.states]
         if not states:
             return
         self._begin_reload(states, widening)
-        await self._wait_loaded(states)
+        await self.wait_loaded(states, stall)
 
     async def let_go(self, states: Iterable[str]) -> int:
         """Drop from memory the keys of some states it no longer keeps (`Memory.let_go`), a chunk at a time, the loop
@@ -226,7 +236,7 @@ class Cache:
         """Wait until the states read again for memory keeping more are loaded (but `state`): a change that may widen
         what is kept is applied only then, whichever session asked for them."""
         if waiting := self._widening - {state}:
-            await self._wait_loaded(waiting)
+            await self.wait_loaded(waiting)
 
     def _begin_reload(self, states: Iterable[str], widening: bool = False) -> None:
         """Mark the states loading (the cache is not synced until they are loaded) and watch each again; `widening`:
@@ -239,11 +249,21 @@ class Cache:
         for state in states:
             self._restart(state)
 
-    async def _wait_loaded(self, states: Iterable[str]) -> None:
-        """Wait until none of the states is loading, or the cache is stopped."""
-        while not self._stopped and any(s in self._loading for s in states):
-            self._progress.clear()
-            await self._progress.wait()
+    async def wait_loaded(self, states: Iterable[str] | None = None, stall: float | None = None) -> None:
+        """Wait until none of the states (None: of every state) is loading, or the cache is stopped.
+
+        However long that takes while the loads make headway (`headway`): a large mesh's load takes minutes, and one
+        waited for a fixed time would fail there for good. TimeoutError once `stall` seconds pass with none (None:
+        waits for ever), a server gone quiet; the loads go on.
+        """
+        states = list(self.states if states is None else states)
+
+        def loaded() -> bool:
+            return self._stopped or not any(s in self._loading for s in states)
+
+        if not await while_headway(loaded, self._progress, lambda: self.headway, stall):
+            loading = ", ".join(sorted(s for s in states if s in self._loading))
+            raise TimeoutError(f"the cache's load of {loading} made no headway in {stall} s")
 
     async def caught_up(self) -> bool:
         """Whether every change JetStream holds of every watched bucket has been applied to memory now.
@@ -392,6 +412,7 @@ class Cache:
             watcher = None
             try:
                 watcher = await Watch.start(self._js, state, inactive_threshold=INACTIVE_THRESHOLD)
+                self._live.add(watcher)
                 await self._load(state, watcher, info.state.last_seq, info.state.messages)
                 if self._tasks.get(state) is not asyncio.current_task():
                     return  # loaded again by the session made meanwhile (`_load`): it follows the bucket
@@ -408,6 +429,8 @@ class Cache:
                 if watcher is not None and self._watchers.get(state) is watcher:
                     del self._watchers[state]
                 if watcher is not None:
+                    self._live.discard(watcher)
+                    self._received += watcher.received
                     # Shielded: a second cancel while it runs must not leave the consumer behind.
                     await asyncio.shield(drop_watch(self._nc, self._js, watcher))
             await asyncio.sleep(delay)
@@ -435,6 +458,7 @@ class Cache:
         stretch = Stretch()
         for start in range(0, max(len(keys) - CHUNK, 0), CHUNK):
             self.memory.take(state, {k: contents[k] for k in keys[start:start + CHUNK]}, last)
+            self._taken += CHUNK
             if stretch.over():
                 await asyncio.sleep(0)
         self.memory.reconcile(state, contents, last)
@@ -496,6 +520,23 @@ class Cache:
         if self._resync_task is not None and not self._resync_task.done():
             self._resync_task.cancel()
         self._resync_task = asyncio.create_task(self.resync(), name="cache resync")
+
+async def while_headway(
+    done: Callable[[], bool], woken: asyncio.Event, headway: Callable[[], int], stall: float | None,
+) -> bool:
+    """Wait until `done()`, asked each time `woken` is set, however long that takes while `headway()` grows; False once
+    `stall` seconds pass in which it did not (None: waits for ever)."""
+    while not done():
+        before = headway()
+        woken.clear()
+        try:
+            async with asyncio.timeout(stall):
+                await woken.wait()
+        except TimeoutError:
+            if headway() == before:
+                return False
+    return True
+
 
 def _on(loop: asyncio.AbstractEventLoop) -> bool:
     """Whether the calling thread runs `loop`."""

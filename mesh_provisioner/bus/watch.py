@@ -138,6 +138,8 @@ class Watch:
         self._updates: asyncio.Queue[Update | None] = asyncio.Queue(_QUEUED)  # None: stopped
         self._sub: JetStreamContext.PushSubscription | None = None
         self._stopped = False
+        self.received = 0
+        """How many messages of the bucket it has received so far (the cache's load's headway)."""
 
     @classmethod
     async def start(cls, js: JetStreamContext, state: str, *, headers_only: bool = False,
@@ -162,6 +164,7 @@ class Watch:
         key-value message, or a marker of a reason not known, is left out; so is any once the watch is stopped."""
         if self._stopped:
             return
+        self.received += 1
         value: bytes | None = msg.data
         headers = msg.headers
         if headers:

@@ -1,6 +1,9 @@
-"""A partitioned seat (contract 8.1) starting while another process still hands its share over: it waits a moment for
-the rest of its share before it starts composing, so that its nodes are read and composed from the start rather than
-taken once the runtime runs (read again whole, composed late, and their consumers elsewhere composed twice)."""
+"""A partitioned seat's process (contract 8.1) coming to hold its share.
+
+Starting while another process still hands its share over, it waits a moment for the rest of it before it starts
+composing, so that its nodes are read and composed from the start rather than taken once the runtime runs (read again
+whole, composed late, and their consumers elsewhere composed twice). One whose reads of the bus make no headway goes
+back to waiting for the seat, and holds its share again, rather than exiting."""
 
 from __future__ import annotations
 
@@ -71,6 +74,72 @@ def test_8_1_a_process_whose_share_is_still_being_given_back_starts_composing_on
         loop.run(kv.delete(shard_key(3)), 10)  # then shard 3, b already holding
         wait_until(lambda: held.ready() == "", 30, 0.05, "b composes")
         assert started_with == [[2, 3]], "b began composing before it held its whole share"
+    finally:
+        stop.set()
+        serving.join(30)
+        loop.run(nc.close(), 10)
+
+
+def test_8_1_a_process_whose_load_makes_no_headway_goes_back_to_waiting_and_holds_its_share_again(
+    bus: tuple[NatsServer, EventLoopThread], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    server, loop = bus
+    # Process "a" (its keys alone) holds shards 0 and 1 and is live: b takes 2 and 3, then 0 and 1 once a has left. The
+    # bus goes quiet (the load makes no headway: bus/cache.py `wait_loaded`) as b first starts, then as it reads the
+    # shards it took: each time b goes back to waiting for the seat, and holds its share again, rather than exiting.
+
+    async def seat_bucket() -> tuple[Any, KeyValue]:
+        nc = await nats.connect(server.url)
+        await ensure_buckets(nc.jetstream(), SEAT_STATES, lease=LEASE)
+        kv, _ = await open_bucket(nc.jetstream(), SEAT)
+        a = r.encode(r.Lease(holder="a", pid=1, shards=SHARDS))
+        await kv.put(member_key("a"), a)
+        for shard in (0, 1):
+            await kv.put(shard_key(shard), a)
+        return nc, kv
+
+    nc, kv = loop.run(seat_bucket(), 30)
+    started_with: list[list[int]] = []
+    real_start, real_took = Runtime.start, Runtime.took
+    stalled: list[str] = []
+
+    def start(config: Config, **options: Any) -> Runtime:
+        started_with.append(held.lease.mine())  # type: ignore[attr-defined]
+        if not stalled:  # the first start: the bus goes quiet as the cache loads
+            stalled.append("start")
+            raise TimeoutError("the cache's load of mesh-controller.placement made no headway in 60 s")
+        return real_start(config, **options)
+
+    def took(runtime: Runtime, *args: Any) -> None:
+        if stalled == ["start"]:  # the first shards taken while running: the bus goes quiet as their keys are read
+            stalled.append("took")
+            raise TimeoutError("the cache's load of mesh-provisioner.provisions made no headway in 60 s")
+        real_took(runtime, *args)
+
+    monkeypatch.setattr(Runtime, "start", start)
+    monkeypatch.setattr(Runtime, "took", took)
+    held = Seat(Config(nats=server.url, lease_seconds=LEASE, shards=SHARDS))
+    stop = threading.Event()
+    serving = threading.Thread(target=held.serve, args=(stop,), daemon=True)
+    serving.start()
+    try:
+        wait_until(lambda: held.ready() == "", 30, 0.05, "b composes its share")
+        assert started_with == [[2, 3], [2, 3]]
+
+        async def a_leaves() -> None:
+            await kv.delete(member_key("a"))
+            for shard in (0, 1):
+                await kv.delete(shard_key(shard))
+
+        loop.run(a_leaves(), 10)
+        wait_until(lambda: len(started_with) == 3 and held.ready() == "", 30, 0.05, "b holds every shard again")
+        assert stalled == ["start", "took"]
+        assert started_with[2] == [0, 1, 2, 3]
+        assert serving.is_alive(), "the process ended when what it holds could not be read"
+        said = [rec.getMessage() for rec in caplog.records if "back to waiting for the seat" in rec.getMessage()]
+        assert len(said) == 2
+        assert said[0].startswith("the seat could not start: the cache's load of mesh-controller.placement")
+        assert said[1].startswith("the shards taken could not be read: the cache's load of mesh-provisioner")
     finally:
         stop.set()
         serving.join(30)
