@@ -3,8 +3,11 @@ another process joins, and every write checked against its key's shard's lease."
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Any
 
+import nats.errors
 import pytest
 from helpers import wait_until
 from nats.aio.client import Client
@@ -173,3 +176,35 @@ def test_8_1_a_shard_given_back_keeps_its_key_until_the_writes_sent_under_it_are
     a.unanswered.answered(in_flight)
     wait_until(lambda: holder_of(2) == "b", 10, what="shard 2 given back once its write was answered, and taken")
     assert loop.run(b.renew(), 10) and b.mine() == [2, 3]
+
+
+def test_8_1_a_take_that_fails_is_raised_only_once_every_other_take_of_its_rebalance_has_ended(
+    loop: EventLoopThread, nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Free shards are taken all at once. Had the first failure been raised while another take ran on, that take would
+    # change what is held after its rebalance was over, outside the lock every change of what is held is made under.
+    loop.run(ensure_buckets(nc.jetstream(), SEAT_STATES, lease=LEASE), 10)
+    real = ShardLeases._take
+    gate: list[asyncio.Event] = []
+    ended: list[int] = []
+
+    async def take(leases: ShardLeases, kv: Any, shard: int) -> int | None:
+        if not gate:
+            gate.append(asyncio.Event())
+        if shard == 0:  # fails at once, and lets the others go on a moment later
+            asyncio.get_running_loop().call_later(0.05, gate[0].set)
+            raise nats.errors.TimeoutError
+        await gate[0].wait()
+        got = await real(leases, kv, shard)
+        ended.append(shard)
+        return got
+
+    monkeypatch.setattr(ShardLeases, "_take", take)
+    a = ShardLeases(nc, SHARDS, LEASE, holder="a")
+
+    async def take_all() -> tuple[list[int], list[int]]:
+        with pytest.raises(nats.errors.TimeoutError):
+            await a.take()
+        return sorted(ended), a.mine()  # as the failure is raised
+
+    assert loop.run(take_all(), 10) == ([1, 2, 3], [1, 2, 3])

@@ -7,25 +7,28 @@ back to waiting for the seat, and holds its share again, rather than exiting."""
 
 from __future__ import annotations
 
+import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import nats
 import pytest
 from helpers import NatsServer, wait_until
+from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
 from mesh_provisioner.bus.connection import ensure_buckets, open_bucket
 from mesh_provisioner.bus.loader import load_states
 from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.cli.process import Interrupted
 from mesh_provisioner.config import Config
 from mesh_provisioner.contract import SEAT, SEAT_STATES
 from mesh_provisioner.messages import records as r
 from mesh_provisioner.rules.shards import member_key, shard_key
 from mesh_provisioner.runtime import Runtime
 from mesh_provisioner.samples import sample_mesh
-from mesh_provisioner.seat import Seat
+from mesh_provisioner.seat import LeaseKeeper, Seat
 
 SHARDS = 4
 LEASE = 10.0  # a look a second: the share waited for that long at most
@@ -38,23 +41,25 @@ def bus(nats_server: NatsServer) -> Iterator[tuple[NatsServer, EventLoopThread]]
         yield nats_server, loop
 
 
+async def a_holds(server: NatsServer, shards: Iterable[int]) -> tuple[Client, KeyValue]:
+    """Process "a" (no process of these tests: its keys alone) announced live, holding the shards; a connection and
+    the lease bucket, to give them back."""
+    nc = await nats.connect(server.url)
+    await ensure_buckets(nc.jetstream(), SEAT_STATES, lease=LEASE)
+    kv, _ = await open_bucket(nc.jetstream(), SEAT)
+    a = r.encode(r.Lease(holder="a", pid=1, shards=SHARDS))
+    await kv.put(member_key("a"), a)
+    for shard in shards:
+        await kv.put(shard_key(shard), a)
+    return nc, kv
+
+
 def test_8_1_a_process_whose_share_is_still_being_given_back_starts_composing_once_it_holds_all_of_it(
     bus: tuple[NatsServer, EventLoopThread], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server, loop = bus
     # Process "a" (no process of this test: its keys alone) holds all 4 shards and is live: b's share is 2 and 3.
-
-    async def seat_bucket() -> tuple[Any, KeyValue]:
-        nc = await nats.connect(server.url)
-        await ensure_buckets(nc.jetstream(), SEAT_STATES, lease=LEASE)
-        kv, _ = await open_bucket(nc.jetstream(), SEAT)
-        a = r.encode(r.Lease(holder="a", pid=1, shards=SHARDS))
-        await kv.put(member_key("a"), a)
-        for shard in range(SHARDS):
-            await kv.put(shard_key(shard), a)
-        return nc, kv
-
-    nc, kv = loop.run(seat_bucket(), 30)
+    nc, kv = loop.run(a_holds(server, range(SHARDS)), 30)
     started_with: list[list[int]] = []
     real = Runtime.start
 
@@ -87,18 +92,7 @@ def test_8_1_a_process_whose_load_makes_no_headway_goes_back_to_waiting_and_hold
     # Process "a" (its keys alone) holds shards 0 and 1 and is live: b takes 2 and 3, then 0 and 1 once a has left. The
     # bus goes quiet (the load makes no headway: bus/cache.py `wait_loaded`) as b first starts, then as it reads the
     # shards it took: each time b goes back to waiting for the seat, and holds its share again, rather than exiting.
-
-    async def seat_bucket() -> tuple[Any, KeyValue]:
-        nc = await nats.connect(server.url)
-        await ensure_buckets(nc.jetstream(), SEAT_STATES, lease=LEASE)
-        kv, _ = await open_bucket(nc.jetstream(), SEAT)
-        a = r.encode(r.Lease(holder="a", pid=1, shards=SHARDS))
-        await kv.put(member_key("a"), a)
-        for shard in (0, 1):
-            await kv.put(shard_key(shard), a)
-        return nc, kv
-
-    nc, kv = loop.run(seat_bucket(), 30)
+    nc, kv = loop.run(a_holds(server, (0, 1)), 30)
     started_with: list[list[int]] = []
     real_start, real_took = Runtime.start, Runtime.took
     stalled: list[str] = []
@@ -143,4 +137,39 @@ def test_8_1_a_process_whose_load_makes_no_headway_goes_back_to_waiting_and_hold
     finally:
         stop.set()
         serving.join(30)
+        loop.run(nc.close(), 10)
+
+
+class Signalled(threading.Event):
+    """A stop that a signal's handler interrupts (cli/process.py `Signals`) as soon as it is waited on."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.set()
+        raise Interrupted(signal.SIGTERM)
+
+
+def test_8_1_a_signal_while_a_process_waits_for_the_rest_of_its_share_stops_its_lease_keeper(
+    bus: tuple[NatsServer, EventLoopThread], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, loop = bus
+    nc, kv = loop.run(a_holds(server, range(SHARDS)), 30)
+    loop.run(kv.delete(shard_key(2)), 10)  # a gives shard 2 back, not yet 3: b waits for it
+    keepers: list[LeaseKeeper] = []
+    real = LeaseKeeper.start
+
+    def start(keeper: LeaseKeeper) -> None:
+        keepers.append(keeper)
+        real(keeper)
+
+    monkeypatch.setattr(LeaseKeeper, "start", start)
+    held = Seat(Config(nats=server.url, lease_seconds=LEASE, shards=SHARDS))
+    try:
+        assert held.take(threading.Event(), 10)
+        assert held.lease.mine() == [2] and held.lease.missing == 1  # type: ignore[attr-defined]
+        with pytest.raises(Interrupted):
+            held.hold(Signalled())
+        assert len(keepers) == 1
+        assert not keepers[0]._thread.is_alive(), "the lease is still renewed after the signal"
+    finally:
+        held.close()
         loop.run(nc.close(), 10)
