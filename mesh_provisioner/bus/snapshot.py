@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Final
 
+import nats.js.errors
 from nats.aio.client import Client
+from nats.js.kv import KeyValue
 
 from mesh_provisioner.bus.cache import Cache
-from mesh_provisioner.bus.connection import READ_CONNECTION, connect
+from mesh_provisioner.bus.connection import READ_CONNECTION, connect, open_bucket, subject_of
+from mesh_provisioner.bus.memory import Memory
 from mesh_provisioner.contract import DEFAULT_BOUND_READS
 from mesh_provisioner.rules.memory_view import MemoryView
+
+# Keys of a node read at once, at most (`node_snapshot`).
+READING: Final = 64
 
 
 async def snapshot(
@@ -36,6 +43,40 @@ async def snapshot(
     finally:
         await cache.stop()
     return cache.view
+
+
+async def node_snapshot(
+    nc: Client, state: str, node: str, *, bound_reads: Iterable[str] = DEFAULT_BOUND_READS, timeout: float = 60.0,
+) -> MemoryView:
+    """One node's keys of a state (`<node>.…`) as they are now, in a view of their own; TimeoutError past `timeout`.
+
+    The stream names the subjects it holds under the node, and each key is read: a request a key, not every message
+    of the bucket (the verb asked of a node a partitioned process does not compose). Of 44,000 provisions of 1,000
+    nodes, a node's 44 took 4 to 5 ms of the loop, and all of them 0.8 s. A bucket that does not exist is read as
+    empty; so is a key deleted or purged meanwhile.
+    """
+    memory = Memory(MemoryView(bound_reads))
+    async with asyncio.timeout(timeout):
+        try:
+            kv, info = await open_bucket(nc.jetstream(timeout=timeout), state, f"{node}.>")
+        except nats.js.errors.BucketNotFoundError:
+            return memory.view
+        prefix = len(subject_of(state, ""))
+        keys = [subject[prefix:] for subject in info.state.subjects or {}]
+        room = asyncio.Semaphore(READING)
+        for key, found in zip(keys, await asyncio.gather(*(_read(kv, key, room) for key in keys)), strict=True):
+            if found is not None:
+                memory.set(state, key, found.value or b"", found.revision or 0)
+    return memory.view
+
+
+async def _read(kv: KeyValue, key: str, room: asyncio.Semaphore) -> KeyValue.Entry | None:
+    """A key's value now, None when it has none (deleted or purged)."""
+    async with room:
+        try:
+            return await kv.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            return None
 
 
 async def snapshot_of(servers: list[str], options: dict[str, Any] | None = None, **kwargs: Any) -> MemoryView:

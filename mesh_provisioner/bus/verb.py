@@ -1,7 +1,8 @@
 """The seat's verb on the bus (contract 9): a NATS micro service answering `mesh-provisioner.provisioning`.
 
 The answer is `rules.verb.answer` over a view of the bus (the cache's, read on the loop that changes it, so every
-reply is one consistent picture; a state a partitioned seat keeps only in part is read from the bus whole). As a NATS
+reply is one consistent picture; a state a partitioned seat keeps only in part is read from the bus: a node's keys
+alone when the request names a node, else the whole state). As a NATS
 service it is discoverable: `$SRV.PING`, `$SRV.INFO` and `$SRV.STATS` (each also `.mesh-provisioner` and
 `.mesh-provisioner.<id>`) answer with its name, version and endpoint. Several seat processes may serve it at once: the
 endpoint's queue group gives each request to one of them.
@@ -20,7 +21,7 @@ from nats.micro.request import Request
 from nats.micro.service import Endpoint, EndpointConfig, Service, ServiceConfig
 
 from mesh_provisioner.bus.link import unless_closed
-from mesh_provisioner.bus.snapshot import snapshot
+from mesh_provisioner.bus.snapshot import node_snapshot, snapshot
 from mesh_provisioner.contract import VERB_ENDPOINT, VERB_SERVICE, VERB_SUBJECT
 from mesh_provisioner.rules import verb
 from mesh_provisioner.rules.view import View
@@ -57,7 +58,8 @@ async def serve_verb(
 
     A request for a state the view may not hold all of (`held(state, node)` says whether it holds all of a state's
     keys, or of a node's: a partitioned seat's memory keeps only what its judgments read, contract 8.1) is answered
-    from the state read from the bus for it, within `timeout` s. Runs on the loop that owns `nc`;
+    from the bus, within `timeout` s: the node's keys read one by one when it names a node, the state read whole when
+    it does not. Runs on the loop that owns `nc`;
     the handler runs there too. Stop it with `await service.stop()`.
     """
     current: Callable[[], View] = view if callable(view) else (lambda: view)
@@ -66,7 +68,10 @@ async def serve_verb(
         asked = verb.asked(request)
         if asked is None or held(*asked):
             return current()
-        return await snapshot(nc, states=[asked[0]], timeout=timeout)
+        state, node = asked
+        if node:
+            return await node_snapshot(nc, state, node, timeout=timeout)
+        return await snapshot(nc, states=[state], timeout=timeout)
 
     endpoints: list[Endpoint] = []
 

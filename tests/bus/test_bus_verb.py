@@ -172,16 +172,27 @@ def test_a_view_given_as_a_callable_is_read_at_each_request(loop: EventLoopThrea
         loop.run(service.stop(), 10)
 
 
-def test_8_1_a_state_a_partitioned_seat_keeps_in_part_is_answered_from_the_bus_whole(
+def test_8_1_a_state_a_partitioned_seat_keeps_in_part_is_answered_from_the_bus(
     loop: EventLoopThread, nats_server: NatsServer, nc: Client, other: Client
 ) -> None:
     # A partitioned seat's memory holds of plans, provisions and refusals only what its judgments read (8.1); the
-    # verb answers every node's all the same (9), reading those from the bus. The view here holds nothing at all: the
-    # states it holds whole, and the nodes whose keys it holds all of, are answered from it.
+    # verb answers every node's all the same (9), reading those from the bus: a node's keys alone when the request
+    # names one. The view here holds nothing at all: the states it holds whole, and the nodes whose keys it holds all
+    # of, are answered from it.
     seed_buckets(nats_server.url, STATES)
     for state, kv in VALUES.items():
         for key, value in kv.items():
             put(loop, other, state, key, value)
+    many = [f"cat.webapp.oidc-client.n{i}" for i in range(300)]  # another node's: not read for bee's
+
+    async def more() -> None:
+        kv = await other.jetstream().key_value(bucket(PROVISIONS))
+        for key in many:
+            await kv.put(key, json.dumps(VALUES[PROVISIONS]["bee.webapp.oidc-client"]).encode())
+        await kv.put("bee.webapp.gone", b"{}")
+        await kv.delete("bee.webapp.gone")
+
+    loop.run(more(), 30)
     def held(state: str, node: str) -> bool:
         return state not in (PLANS, PROVISIONS, REFUSED) or node == "ace"
 
@@ -191,8 +202,13 @@ def test_8_1_a_state_a_partitioned_seat_keeps_in_part_is_answered_from_the_bus_w
             msg = loop.run(other.request(VERB_SUBJECT, json.dumps(request).encode(), timeout=5), 10)
             return [e["key"] for e in json.loads(msg.data)["entries"]]
 
-        assert keys({}) == sorted(VALUES[PROVISIONS])
+        assert keys({}) == sorted([*VALUES[PROVISIONS], *many])
+        received = nc.stats["in_msgs"]
+        assert keys({"node": "bee"}) == ["bee.webapp.oidc-client"], "a key deleted is no key"
+        # The request, the stream's subjects under bee (2: one deleted) and each of them: not the bucket's 302 keys.
+        assert nc.stats["in_msgs"] - received <= 4
         assert keys({"what": "plans", "node": "bee"}) == ["bee.webapp"]
+        assert keys({"what": "plans", "node": "dog"}) == []
         assert keys({"what": "refused"}) == ["bee.reports"]
         assert keys({"what": "applied"}) == [], "a state the view holds whole is answered from the view"
         assert keys({"what": "plans", "node": "ace"}) == [], "a node's keys the view holds all of are answered from it"
