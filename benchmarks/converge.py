@@ -23,7 +23,9 @@ nats-server on loopback.
   `scale_out_saturation`, `p99_over_p50_half_saturation`, `ratio_vs_serial_p99_half_saturation`,
   `rss_two_over_one` (the two processes' peak RSS summed, over one process's), `cpu_two_over_one` (the CPU of their
   cold start summed, over one process's) and `scale_out_cold_start_cpu_bound` (the most `scale_out_cold_start` this
-  machine's cores allow for that CPU and the server's).
+  machine's cores allow for that CPU and the server's); `p99_floor_over_p50_half_saturation`, the least
+  `p99_over_p50_half_saturation` the changes made allow at the server's `kv_put_limit` (`steady.Load.p99_floor`: the
+  k-th key a change changes is written no sooner than k puts after it), over the p50 measured.
 
 `--quick` makes everything small (a smoke run for the tests, not a measurement).
 """
@@ -263,7 +265,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         scaled = partitioned.scale_out(url, args.nodes, args.seed, seconds=seconds, probe_seconds=args.probe_seconds
                                        or (1.0 if quick else 10.0), heavy_modules=heavy_modules,
                                        heavy_rate=args.heavy_rate, start_rate=20.0 if quick else 100.0,
-                                       server_pid=server.process.pid if server.process else None)
+                                       server_pid=server.process.pid if server.process else None,
+                                       put_limit=out["kv_put_limit"])
         out["scale_out"] = scaled
         out.update({k: v for k, v in scaled.items() if not isinstance(v, dict)})
         out["saturation_changes_per_s"] = scaled["one_process"]["saturation_changes_per_s"]

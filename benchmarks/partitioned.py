@@ -190,8 +190,9 @@ def saturation(url: str, mesh: Mesh, seats: Seats, seconds: float, seed: int, st
 
 def measure(url: str, nodes: int, seed: int, processes: int, *, seconds: float, probe_seconds: float,
             heavy_modules: int, heavy_rate: float, start_rate: float = 100.0,
-            server_pid: int | None = None) -> dict[str, Any]:
-    """Every scale-out figure of one process count."""
+            server_pid: int | None = None, put_limit: float = 0.0) -> dict[str, Any]:
+    """Every scale-out figure of one process count; with the server's `put_limit` (puts a second), the p99 no seat
+    could go below at half saturation (`Load.p99_floor`)."""
     mesh = generate(nodes, seed)
     seats, out = cold(url, mesh, processes, server_pid=server_pid)
     try:
@@ -202,6 +203,8 @@ def measure(url: str, nodes: int, seed: int, processes: int, *, seconds: float, 
         result = drive(url, mesh, seats, half, seconds, seed + 100)
         out["half_saturation"] = summary(result, half, {})
         out["p50_ms"], out["p99_ms"] = result.percentile(50), result.percentile(99)
+        if put_limit:
+            out["p99_floor_ms"] = result.p99_floor(put_limit)
         log(f"{processes} process(es): saturation {rate:.0f}/s; at {half:.0f}/s p50 {out['p50_ms']:.1f} ms, "
             f"p99 {out['p99_ms']:.1f} ms")
         # Head-of-line blocking at half saturation: a heavy node joins and changes all the time.
@@ -231,7 +234,8 @@ def scale_out(url: str, nodes: int, seed: int, **kwargs: Any) -> dict[str, Any]:
     `cpu_two_over_one`: the CPU the two processes spent on their cold start over the one process's (the work each
     repeats: following the whole mesh). `scale_out_cold_start_cpu_bound`: the most `scale_out_cold_start` this machine
     allows for the CPU the two processes and the server spent, were it spread evenly over every core (with
-    `server_pid`; the server's CPU counted as 0 without)."""
+    `server_pid`; the server's CPU counted as 0 without). `p99_floor_over_p50_half_saturation`: the p99 no seat could
+    go below for the changes one process was given at half saturation (with `put_limit`), over its p50."""
     one = measure(url, nodes, seed, 1, **kwargs)
     two = measure(url, nodes, seed, 2, **kwargs)
     busy = (sum(two["cpu_seconds"]) + two["server_cpu_seconds"]) / (os.cpu_count() or 1)
@@ -242,6 +246,7 @@ def scale_out(url: str, nodes: int, seed: int, **kwargs: Any) -> dict[str, Any]:
         "scale_out_cold_start": one["seconds"] / two["seconds"],
         "scale_out_saturation": two["saturation_changes_per_s"] / max(one["saturation_changes_per_s"], 1e-9),
         "p99_over_p50_half_saturation": one["p99_ms"] / one["p50_ms"],
+        "p99_floor_over_p50_half_saturation": one.get("p99_floor_ms", float("nan")) / one["p50_ms"],
         "p99_over_p50_half_saturation_two": two["p99_ms"] / two["p50_ms"],
         "ratio_vs_serial_p99_half_saturation": one["ratio_vs_serial_p99"],
         "ratio_vs_serial_p99_half_saturation_two": two["ratio_vs_serial_p99"],

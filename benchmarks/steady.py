@@ -82,6 +82,8 @@ class Load:
     # The samples by how many keys the change that made them changed: one change of a provider with a thousand
     # consumers is a thousand samples, the last of them as late as the seat takes to write a thousand keys.
     by_fan_out: dict[str, list[float]] = field(default_factory=dict)
+    # How many keys each change timed was to change.
+    fan_outs: list[int] = field(default_factory=list)
     heavy_changes: int = 0
     seconds: float = 0.0
 
@@ -92,6 +94,13 @@ class Load:
         ordered = sorted(self.samples)
         rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
         return ordered[rank]
+
+    def p99_floor(self, puts_per_s: float) -> float:
+        """The lowest p99 any seat could give these changes, in ms: the k-th key a change changes is written no sooner
+        than k puts at the server's limit after the change (each change alone, nothing else written meanwhile).
+
+        Each write's latency is at least its bound, so the p99 of the writes is at least the p99 of the bounds."""
+        return Load(samples=[k / puts_per_s * 1000 for n in self.fan_outs for k in range(1, n + 1)]).percentile(99)
 
 
 async def provision_states(nc: Client) -> dict[str, _Written]:
@@ -278,6 +287,8 @@ class Driver:
                         self.pending[k] = (predicate, sent, target, kind)
                     await nc.publish(f"$KV.{bucket(state)}.{key}", value)
                     self.load.changes += 1
+                    if self.counting:
+                        self.load.fan_outs.append(len(target.keys))
                 while heavy is not None and heavy_owed >= 1:
                     heavy_owed -= 1
                     self.seq += 1

@@ -10,11 +10,14 @@ from pathlib import Path
 import pytest
 from helpers import wait_until
 
+from benchmarks.steady import Load
+
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ("kv_put_limit", "writes", "seconds", "writes_per_s", "ratio_vs_limit", "ratio_vs_seed_design",
            "latency_p50_ms", "latency_p99_ms", "light_p99_ms", "ratio_vs_serial_p99", "peak_rss_bytes_per_key",
            "floor_writes_per_s", "floor_ratio_vs_limit", "ceiling_seconds", "ceiling_ratio_vs_limit",
-           "scale_out_cold_start", "cpu_two_over_one", "scale_out_cold_start_cpu_bound")
+           "scale_out_cold_start", "cpu_two_over_one", "scale_out_cold_start_cpu_bound",
+           "p99_floor_over_p50_half_saturation")
 
 
 @pytest.mark.slow
@@ -32,6 +35,8 @@ def test_converge_quick_writes_every_figure(tmp_path: Path) -> None:
     assert figures["steady"]["matched"] > 0
     assert set(figures["head_of_line"]) == {"parallel", "serial"}
     assert figures["bus_floor"]["writes"] == 2000  # the quick limit's puts
+    one = figures["scale_out"]["one_process"]
+    assert 0 < one["p99_floor_ms"] <= one["p99_ms"], "no write comes sooner than its floor"
     two = figures["scale_out"]["two_processes"]
     assert len(two["cpu_seconds"]) == 2 and min(two["cpu_seconds"]) > 0 and two["server_cpu_seconds"] > 0
     ceiling = figures["ceiling"]
@@ -86,3 +91,11 @@ def test_a_seat_process_peak_rss_is_its_own_not_that_of_the_process_that_started
     )
     assert int(child.stdout) < len(held) / 2, f"the child's peak {int(child.stdout)} is the parent's"
     del held
+
+
+def test_the_p99_floor_writes_each_change_alone_at_the_put_limit() -> None:
+    # At 1,000 puts a second a change of 100 keys has its k-th key written k ms after it at the soonest; ten changes
+    # of one key, 1 ms each. Of the 110 bounds, the 99th percentile (nearest rank: the 109th) is 99 ms.
+    load = Load(fan_outs=[100, *[1] * 10])
+    assert load.p99_floor(1000.0) == pytest.approx(99.0)
+    assert Load(fan_outs=[1, 1]).p99_floor(500.0) == pytest.approx(2.0)
