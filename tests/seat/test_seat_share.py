@@ -7,6 +7,7 @@ back to waiting for the seat, and holds its share again, rather than exiting."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 from collections.abc import Iterable, Iterator
@@ -54,6 +55,24 @@ async def a_holds(server: NatsServer, shards: Iterable[int]) -> tuple[Client, Ke
     return nc, kv
 
 
+def process_b(server: NatsServer) -> Seat:
+    """Process b: a seat of the mesh's shards, connected, holding none yet."""
+    return Seat(Config(nats=server.url, lease_seconds=LEASE, shards=SHARDS))
+
+
+@contextlib.contextmanager
+def serving(seat: Seat) -> Iterator[threading.Thread]:
+    """The seat serving (`Seat.serve`) on a thread of its own until the block ends."""
+    stop = threading.Event()
+    thread = threading.Thread(target=seat.serve, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        stop.set()
+        thread.join(30)
+
+
 def test_8_1_a_process_whose_share_is_still_being_given_back_starts_composing_once_it_holds_all_of_it(
     bus: tuple[NatsServer, EventLoopThread], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -68,20 +87,16 @@ def test_8_1_a_process_whose_share_is_still_being_given_back_starts_composing_on
         return real(config, **options)
 
     monkeypatch.setattr(Runtime, "start", start)
-    held = Seat(Config(nats=server.url, lease_seconds=LEASE, shards=SHARDS))
-    stop = threading.Event()
-    serving = threading.Thread(target=held.serve, args=(stop,), daemon=True)
-    serving.start()
+    held = process_b(server)
     try:
-        loop.run(kv.delete(shard_key(2)), 10)  # a gives shard 2 back first
-        wait_until(lambda: held.lease.held, 30, 0.005, "b takes shard 2")
-        assert held.lease.mine() == [2]  # type: ignore[attr-defined]
-        loop.run(kv.delete(shard_key(3)), 10)  # then shard 3, b already holding
-        wait_until(lambda: held.ready() == "", 30, 0.05, "b composes")
-        assert started_with == [[2, 3]], "b began composing before it held its whole share"
+        with serving(held):
+            loop.run(kv.delete(shard_key(2)), 10)  # a gives shard 2 back first
+            wait_until(lambda: held.lease.held, 30, 0.005, "b takes shard 2")
+            assert held.lease.mine() == [2]  # type: ignore[attr-defined]
+            loop.run(kv.delete(shard_key(3)), 10)  # then shard 3, b already holding
+            wait_until(lambda: held.ready() == "", 30, 0.05, "b composes")
+            assert started_with == [[2, 3]], "b began composing before it held its whole share"
     finally:
-        stop.set()
-        serving.join(30)
         loop.run(nc.close(), 10)
 
 
@@ -112,31 +127,27 @@ def test_8_1_a_process_whose_load_makes_no_headway_goes_back_to_waiting_and_hold
 
     monkeypatch.setattr(Runtime, "start", start)
     monkeypatch.setattr(Runtime, "took", took)
-    held = Seat(Config(nats=server.url, lease_seconds=LEASE, shards=SHARDS))
-    stop = threading.Event()
-    serving = threading.Thread(target=held.serve, args=(stop,), daemon=True)
-    serving.start()
+    held = process_b(server)
+
+    async def a_leaves() -> None:
+        await kv.delete(member_key("a"))
+        for shard in (0, 1):
+            await kv.delete(shard_key(shard))
+
     try:
-        wait_until(lambda: held.ready() == "", 30, 0.05, "b composes its share")
-        assert started_with == [[2, 3], [2, 3]]
-
-        async def a_leaves() -> None:
-            await kv.delete(member_key("a"))
-            for shard in (0, 1):
-                await kv.delete(shard_key(shard))
-
-        loop.run(a_leaves(), 10)
-        wait_until(lambda: len(started_with) == 3 and held.ready() == "", 30, 0.05, "b holds every shard again")
-        assert stalled == ["start", "took"]
-        assert started_with[2] == [0, 1, 2, 3]
-        assert serving.is_alive(), "the process ended when what it holds could not be read"
+        with serving(held) as thread:
+            wait_until(lambda: held.ready() == "", 30, 0.05, "b composes its share")
+            assert started_with == [[2, 3], [2, 3]]
+            loop.run(a_leaves(), 10)
+            wait_until(lambda: len(started_with) == 3 and held.ready() == "", 30, 0.05, "b holds every shard again")
+            assert stalled == ["start", "took"]
+            assert started_with[2] == [0, 1, 2, 3]
+            assert thread.is_alive(), "the process ended when what it holds could not be read"
         said = [rec.getMessage() for rec in caplog.records if "back to waiting for the seat" in rec.getMessage()]
         assert len(said) == 2
         assert said[0].startswith("the seat could not start: the cache's load of mesh-controller.placement")
         assert said[1].startswith("the shards taken could not be read: the cache's load of mesh-provisioner")
     finally:
-        stop.set()
-        serving.join(30)
         loop.run(nc.close(), 10)
 
 
@@ -162,7 +173,7 @@ def test_8_1_a_signal_while_a_process_waits_for_the_rest_of_its_share_stops_its_
         real(keeper)
 
     monkeypatch.setattr(LeaseKeeper, "start", start)
-    held = Seat(Config(nats=server.url, lease_seconds=LEASE, shards=SHARDS))
+    held = process_b(server)
     try:
         assert held.take(threading.Event(), 10)
         assert held.lease.mine() == [2] and held.lease.missing == 1  # type: ignore[attr-defined]
