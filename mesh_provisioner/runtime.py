@@ -132,6 +132,7 @@ class Runtime:
         owns: Callable[[str], bool] | None = None,
         holds: Callable[[str], bool] | None = None,
         metrics: Metrics | None = None,
+        within: float | None = None,
     ) -> Runtime:
         """Connect (or take the host's connection and loop), fill the cache, and start every actor.
 
@@ -141,6 +142,8 @@ class Runtime:
         which a lease given back waits for (bus/unanswered.py). `owns` says which nodes this process composes, a
         partitioned seat's (8.1); None: every node. `holds` says the nodes whose judgments' reads memory keeps
         (rules/kept.py; default: those it composes); a node held and not yet composed is handed over by `took`.
+        The cache's first load is waited for as long as it makes headway (`Config.load_stall`), `within` seconds at
+        most when given: TimeoutError past either.
         """
         attached = Attachment.open(config, nc=nc, loop=loop)
         thread, nc = attached.loop, attached.nc
@@ -158,7 +161,7 @@ class Runtime:
             thread.run(ensure_config_buckets(nc, config), config_buckets_wait(config))
             thread.run(seat.cache.start(), config.request_timeout)
             # However long a large mesh's load takes while it makes headway: given up only once it makes none.
-            thread.run(seat.cache.wait_loaded(stall=config.load_stall), None)
+            thread.run(seat.cache.wait_loaded(stall=config.load_stall), within)
             seat._first_shard()
             for key in not_nodes(seat.view):
                 seat.router.no_node(key)

@@ -198,9 +198,10 @@ class Seat:
             waited += every
         return False
 
-    def hold(self, stop: threading.Event) -> tuple[str, bool]:
+    def hold(self, stop: threading.Event, within: float | None = None) -> tuple[str, bool]:
         """Run the actors while the lease is renewed; answers why holding ended ("" when stop was set) and
-        whether it ended because the supervisor gave up (past its restart intensity).
+        whether it ended because the supervisor gave up (past its restart intensity). `within`: the seconds the
+        actors' start may take at most, the cache's first load with it (None: as long as the load makes headway).
 
         `serve` and `reconcile` both hold the seat here, so the lease is kept one way: renewed from the moment it is
         taken (the cache's first load of a large mesh outlasts a short lease), and a lease lost ends holding at once.
@@ -220,7 +221,7 @@ class Seat:
             sup = Runtime.start(
                 self.config, nc=self.nc, loop=self.loop.loop, guard=self.lease.guard, unanswered=self.lease.unanswered,
                 owns=shards.owns if shards is not None else None, holds=shards.holds if shards is not None else None,
-                metrics=self.metrics,
+                metrics=self.metrics, within=within,
             )
         except TimeoutError as err:  # the bus gone quiet as the seat started (its load made no headway, say)
             keeper.stop()
@@ -251,8 +252,8 @@ class Seat:
                     ready = functools.partial(self._ready, taken) if shards is not None else (lambda: None)
                     try:
                         sup.took(in_shards(taken, self.lease.shards), ready)
-                    except TimeoutError as err:  # the bus gone quiet while the taken shards' keys were read
-                        why = f"the shards taken could not be read: {err}"
+                    except TimeoutError as err:  # the bus gone quiet while the taken shards were read and handed over
+                        why = f"the shards taken were not taken over: {err}"
                         break
                 if shards is not None and shards.dropped():
                     sup.gave()

@@ -114,9 +114,11 @@ class Cache:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._watchers: dict[str, Watch] = {}  # each state's current watch, once it follows
-        self._live: set[Watch] = set()  # every watch made and not yet dropped, loading or following
-        self._received = 0  # messages received by the watches dropped so far
-        self._taken = 0  # values loads have taken into memory so far
+        # Each state's load under way, for how far it has come (`headway`): its watch while loading, the most values one
+        # watch of it received in the load under way, the values it took into memory.
+        self._loading_watch: dict[str, Watch] = {}
+        self._reached: dict[str, int] = {}
+        self._taken: dict[str, int] = {}
         self._latest: dict[str, int] = {}  # each state's newest revision its watch delivered
         self._loading: set[str] = set()
         self._missing: set[str] = set()  # states whose bucket does not exist (section 2)
@@ -130,11 +132,18 @@ class Cache:
         self._advisories: Subscription | None = None
         self._resync_task: asyncio.Task[None] | None = None
 
-    @property
-    def headway(self) -> int:
-        """How far the cache's loads have come: messages its watches received, and values loads took into memory. It
-        grows while a load makes headway, however slowly (`wait_loaded`)."""
-        return self._received + self._taken + sum(w.received for w in self._live)
+    def headway(self, states: Iterable[str]) -> int:
+        """How far the loads of those of the states still loading have come: for each, the most values one watch of it
+        received in the load under way, and the values it took into memory (`wait_loaded`). A load made again from
+        the start (its watch failed) adds only once it gets further than the one before; a state that follows its
+        bucket adds nothing."""
+        total = 0
+        for state in states:
+            if state in self._loading:
+                watch = self._loading_watch.get(state)
+                reached = max(self._reached.get(state, 0), watch.received if watch is not None else 0)
+                total += reached + self._taken.get(state, 0)
+        return total
 
     @property
     def changes(self) -> int:
@@ -252,7 +261,7 @@ class Cache:
     async def wait_loaded(self, states: Iterable[str] | None = None, stall: float | None = None) -> None:
         """Wait until none of the states (None: of every state) is loading, or the cache is stopped.
 
-        However long that takes while the loads make headway (`headway`): a large mesh's load takes minutes, and one
+        However long that takes while their loads make headway (`headway`): a large mesh's load takes minutes, and one
         waited for a fixed time would fail there for good. TimeoutError once `stall` seconds pass with none (None:
         waits for ever), a server gone quiet; the loads go on.
         """
@@ -261,7 +270,7 @@ class Cache:
         def loaded() -> bool:
             return self._stopped or not any(s in self._loading for s in states)
 
-        if not await while_headway(loaded, self._progress, lambda: self.headway, stall):
+        if not await while_headway(loaded, self._progress, lambda: self.headway(states), stall):
             loading = ", ".join(sorted(s for s in states if s in self._loading))
             raise TimeoutError(f"the cache's load of {loading} made no headway in {stall} s")
 
@@ -412,8 +421,9 @@ class Cache:
             watcher = None
             try:
                 watcher = await Watch.start(self._js, state, inactive_threshold=INACTIVE_THRESHOLD)
-                self._live.add(watcher)
+                self._loading_watch[state] = watcher
                 await self._load(state, watcher, info.state.last_seq, info.state.messages)
+                self._loaded_by(state, watcher)
                 if self._tasks.get(state) is not asyncio.current_task():
                     return  # loaded again by the session made meanwhile (`_load`): it follows the bucket
                 delay = self._backoff[0]
@@ -429,8 +439,7 @@ class Cache:
                 if watcher is not None and self._watchers.get(state) is watcher:
                     del self._watchers[state]
                 if watcher is not None:
-                    self._live.discard(watcher)
-                    self._received += watcher.received
+                    self._loaded_by(state, watcher)
                     # Shielded: a second cancel while it runs must not leave the consumer behind.
                     await asyncio.shield(drop_watch(self._nc, self._js, watcher))
             await asyncio.sleep(delay)
@@ -458,7 +467,7 @@ class Cache:
         stretch = Stretch()
         for start in range(0, max(len(keys) - CHUNK, 0), CHUNK):
             self.memory.take(state, {k: contents[k] for k in keys[start:start + CHUNK]}, last)
-            self._taken += CHUNK
+            self._taken[state] = self._taken.get(state, 0) + CHUNK
             if stretch.over():
                 await asyncio.sleep(0)
         self.memory.reconcile(state, contents, last)
@@ -492,9 +501,18 @@ class Cache:
             self.memory.receive(state, key, raw, revision)
             self._latest[state] = max(self._latest.get(state, 0), revision)
 
+    def _loaded_by(self, state: str, watcher: Watch) -> None:
+        """A watch's load of a state is over (done, or failed): how far it came stays the state's (`headway`)."""
+        if self._loading_watch.get(state) is watcher:
+            del self._loading_watch[state]
+            if state in self._loading:
+                self._reached[state] = max(self._reached.get(state, 0), watcher.received)
+
     def _done_loading(self, state: str) -> None:
         """Note that a state's bucket is loaded (or missing); once all are, the cache is synced."""
         self._loading.discard(state)
+        self._reached.pop(state, None)  # a load begun later counts from nothing
+        self._taken.pop(state, None)
         self._widening.discard(state)
         self._progress.set()
         if not self._loading and not self._loaded.is_set():
@@ -525,16 +543,19 @@ async def while_headway(
     done: Callable[[], bool], woken: asyncio.Event, headway: Callable[[], int], stall: float | None,
 ) -> bool:
     """Wait until `done()`, asked each time `woken` is set, however long that takes while `headway()` grows; False once
-    `stall` seconds pass in which it did not (None: waits for ever)."""
+    `stall` seconds pass in which it did not (looked at every quarter of it; None: waits for ever)."""
+    loop = asyncio.get_running_loop()
+    seen, since = headway(), loop.time()
     while not done():
-        before = headway()
         woken.clear()
-        try:
-            async with asyncio.timeout(stall):
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(None if stall is None else stall / 4):
                 await woken.wait()
-        except TimeoutError:
-            if headway() == before:
-                return False
+        now, reached = loop.time(), headway()
+        if reached != seen:
+            seen, since = reached, now
+        elif stall is not None and now - since >= stall and not done():
+            return False
     return True
 
 

@@ -62,19 +62,27 @@ async def node_snapshot(
         except nats.js.errors.BucketNotFoundError:
             return memory.view
         prefix = len(subject_of(state, ""))
-        keys = [subject[prefix:] for subject in info.state.subjects or {}]
+        # The node's keys, and a key that is the node alone (no key of the contract's, but one a writer may have put).
+        keys = [node, *(subject[prefix:] for subject in info.state.subjects or {})]
         room = asyncio.Semaphore(READING)
-        for key, found in zip(keys, await asyncio.gather(*(_read(kv, key, room) for key in keys)), strict=True):
-            if found is not None:
-                memory.set(state, key, found.value or b"", found.revision or 0)
+        reads = [asyncio.ensure_future(_read(kv, key, room)) for key in keys]
+        try:
+            values = await asyncio.gather(*reads)
+        finally:
+            for read in reads:  # one failed, or the time is up: the others are not read on
+                read.cancel()
+    for key, found in zip(keys, values, strict=True):
+        if found is not None:
+            memory.set(state, key, found.value or b"", found.revision or 0)
     return memory.view
 
 
 async def _read(kv: KeyValue, key: str, room: asyncio.Semaphore) -> KeyValue.Entry | None:
-    """A key's value now, None when it has none (deleted or purged)."""
+    """A key's value now, None when it has none (deleted or purged). The key is read as the bus names it, whether or
+    not nats-py would take it as a key (memory says why a bad one is bad)."""
     async with room:
         try:
-            return await kv.get(key)
+            return await kv.get(key, validate_keys=False)
         except nats.js.errors.KeyNotFoundError:
             return None
 

@@ -81,7 +81,7 @@ def reconcile(config: Config, timeout: float, wait: bool, stop: threading.Event)
                           "" if wait else ": --wait waits for it (up to --timeout)")
             return 2
         # Held as `serve` holds it (`Seat.hold`: the lease renewed all along); a lost lease ends it at once.
-        why, _ = seat.hold(settled)
+        why, _ = seat.hold(settled, within=left())
         if why:
             log.error("%s; the reconcile stops, unfinished", why)
             return 2

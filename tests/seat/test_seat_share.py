@@ -3,7 +3,8 @@
 Starting while another process still hands its share over, it waits a moment for the rest of it before it starts
 composing, so that its nodes are read and composed from the start rather than taken once the runtime runs (read again
 whole, composed late, and their consumers elsewhere composed twice). One whose reads of the bus make no headway goes
-back to waiting for the seat, and holds its share again, rather than exiting."""
+back to waiting for the seat, and holds its share again, rather than exiting; one whose start outlasts the time it
+was given (`reconcile --timeout`) ends holding and says why."""
 
 from __future__ import annotations
 
@@ -146,7 +147,7 @@ def test_8_1_a_process_whose_load_makes_no_headway_goes_back_to_waiting_and_hold
         said = [rec.getMessage() for rec in caplog.records if "back to waiting for the seat" in rec.getMessage()]
         assert len(said) == 2
         assert said[0].startswith("the seat could not start: the cache's load of mesh-controller.placement")
-        assert said[1].startswith("the shards taken could not be read: the cache's load of mesh-provisioner")
+        assert said[1].startswith("the shards taken were not taken over: the cache's load of mesh-provisioner")
     finally:
         loop.run(nc.close(), 10)
 
@@ -184,3 +185,19 @@ def test_8_1_a_signal_while_a_process_waits_for_the_rest_of_its_share_stops_its_
     finally:
         held.close()
         loop.run(nc.close(), 10)
+
+
+def test_8_a_start_its_load_outlasts_the_time_it_was_given_ends_holding_and_says_so(
+    bus: tuple[NatsServer, EventLoopThread]
+) -> None:
+    # `reconcile --timeout` bounds the whole, the cache's first load too, which otherwise goes on while it makes
+    # headway.
+    server, _ = bus
+    held = process_b(server)
+    try:
+        assert held.take(threading.Event(), 10)
+        why, gave_up = held.hold(threading.Event(), within=0)
+        assert why.startswith("the seat could not start: ") and "did not finish within 0 s" in why
+        assert not gave_up and held.supervisor is None
+    finally:
+        held.close()
