@@ -13,6 +13,7 @@ writes); nothing is said to have landed that did not.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -40,6 +41,8 @@ log = logging.getLogger("mesh_provisioner.bus.store")
 
 # JetStream's answers to a publish whose expected last subject sequence is not the key's revision.
 _WRONG_LAST_SEQUENCE: Final = (10071, 10164)
+# The pause between two tries of opening a bucket (`Store._bucket`).
+AGAIN: Final = 0.1
 
 
 @dataclass
@@ -295,8 +298,9 @@ class Store:
                     why = f"bucket {bucket(state)} does not exist, so nothing of {state} is written"
                     raise WriteRefused(why) from None
                 except nats.errors.TimeoutError:
-                    if time.monotonic() + ATTEMPT > deadline:
+                    if time.monotonic() + AGAIN + ATTEMPT > deadline:
                         raise
+                    await asyncio.sleep(AGAIN)  # one failing at once (the connection lost) is not made again at once
             self._buckets[state] = kv
         return kv
 

@@ -2,10 +2,10 @@
 
 The answer is `rules.verb.answer` over a view of the bus (the cache's, read on the loop that changes it, so every
 reply is one consistent picture; a state a partitioned seat keeps only in part is read from the bus: a node's keys
-alone when the request names a node, else the whole state). As a NATS
-service it is discoverable: `$SRV.PING`, `$SRV.INFO` and `$SRV.STATS` (each also `.mesh-provisioner` and
-`.mesh-provisioner.<id>`) answer with its name, version and endpoint. Several seat processes may serve it at once: the
-endpoint's queue group gives each request to one of them.
+alone when the request names a node, else the whole state). As a NATS service it is discoverable: `$SRV.PING`,
+`$SRV.INFO` and `$SRV.STATS` (each also `.mesh-provisioner` and `.mesh-provisioner.<id>`) answer with its name,
+version and endpoint. Several seat processes may serve it at once: the endpoint's queue group gives each request to
+one of them.
 """
 
 from __future__ import annotations
