@@ -191,8 +191,8 @@ def saturation(url: str, mesh: Mesh, seats: Seats, seconds: float, seed: int, st
 def measure(url: str, nodes: int, seed: int, processes: int, *, seconds: float, probe_seconds: float,
             heavy_modules: int, heavy_rate: float, start_rate: float = 100.0,
             server_pid: int | None = None, put_limit: float = 0.0) -> dict[str, Any]:
-    """Every scale-out figure of one process count; with the server's `put_limit` (puts a second), the p99 no seat
-    could go below at half saturation (`Load.p99_floor`)."""
+    """Every scale-out figure of one process count; with the server's `put_limit` (puts a second), the p99 a seat
+    writing at that rate could not go below at half saturation (`Load.p99_floor`)."""
     mesh = generate(nodes, seed)
     seats, out = cold(url, mesh, processes, server_pid=server_pid)
     try:
@@ -234,8 +234,8 @@ def scale_out(url: str, nodes: int, seed: int, **kwargs: Any) -> dict[str, Any]:
     `cpu_two_over_one`: the CPU the two processes spent on their cold start over the one process's (the work each
     repeats: following the whole mesh). `scale_out_cold_start_cpu_bound`: the most `scale_out_cold_start` this machine
     allows for the CPU the two processes and the server spent, were it spread evenly over every core (with
-    `server_pid`; the server's CPU counted as 0 without). `p99_floor_over_p50_half_saturation`: the p99 no seat could
-    go below for the changes one process was given at half saturation (with `put_limit`), over its p50."""
+    `server_pid`; the server's CPU counted as 0 without). `p99_floor_over_p50_half_saturation`: the p99 a seat writing
+    at `put_limit` could not go below for the changes one process was given at half saturation, over its p50."""
     one = measure(url, nodes, seed, 1, **kwargs)
     two = measure(url, nodes, seed, 2, **kwargs)
     busy = (sum(two["cpu_seconds"]) + two["server_cpu_seconds"]) / (os.cpu_count() or 1)

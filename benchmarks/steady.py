@@ -96,8 +96,8 @@ class Load:
         return ordered[rank]
 
     def p99_floor(self, puts_per_s: float) -> float:
-        """The lowest p99 any seat could give these changes, in ms: the k-th key a change changes is written no sooner
-        than k puts at the server's limit after the change (each change alone, nothing else written meanwhile).
+        """The lowest p99 a seat writing at `puts_per_s` could give these changes, in ms: the k-th key a change changes
+        is written no sooner than k puts after the change (each change alone, nothing else written meanwhile).
 
         Each write's latency is at least its bound, so the p99 of the writes is at least the p99 of the bounds."""
         return Load(samples=[k / puts_per_s * 1000 for n in self.fan_outs for k in range(1, n + 1)]).percentile(99)
