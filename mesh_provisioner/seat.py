@@ -212,6 +212,9 @@ class Seat:
         try:
             if shards is not None:
                 self._await_share(shards, stop)
+            if stop.is_set():  # a signal while the lease was taken, or the rest of the share waited for
+                keeper.stop()
+                return "", False
             # Every shard held now is loaded and composed from the start; one taken later, once `took` read it. Memory
             # is read anew: shards no longer held before now are nothing to let go of.
             self.lease.taken()

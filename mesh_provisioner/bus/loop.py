@@ -80,17 +80,20 @@ class EventLoopThread:
             raise RuntimeError("EventLoopThread.run was called on the loop's own thread; await the coroutine instead")
         name = getattr(coro, "__qualname__", repr(coro))
         future = self.submit(coro)
+        # Waited for on a bare lock, one call of this module's own: an exception a signal's handler raises in it
+        # lands nowhere else (`Future.result` waits inside `threading`'s bookkeeping; cli/process.py `Signals`).
+        ended = threading.Lock()
+        ended.acquire()
+        future.add_done_callback(lambda _: ended.release())
         try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            if future.done():
-                raise  # the coroutine's own TimeoutError (a request's, say), not this wait's
-            future.cancel()
-            raise TimeoutError(f"{name} did not finish within {timeout} s on the bus loop; it was cancelled") from None
+            finished = ended.acquire(timeout=-1 if timeout is None else max(timeout, 0))
         except BaseException:
             # The wait itself was interrupted (a signal's handler raised, Ctrl-C): what it waited for stops too.
             future.cancel()
             raise
+        if not finished and future.cancel():  # not cancelled: it ended just now
+            raise TimeoutError(f"{name} did not finish within {timeout} s on the bus loop; it was cancelled")
+        return future.result()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the loop this started: cancel its tasks, let them end, close it. An adopted loop is left running."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import threading
 from collections.abc import Sequence
@@ -40,14 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(level, form)
     with Signals() as signals:
         try:
-            return run(args, config, signals.stop)
-        except Interrupted as got:
-            # serve and demo --serve run until stopped: being stopped is their clean end.
-            if args.command == "serve" or (args.command == "demo" and args.serve):
-                log.info("stopped by %s", got)
-                return 0
-            log.warning("interrupted by %s: %s did not finish", got, args.command)
-            return 128 + got.signum
+            code = run(args, config, signals.stop)
+        except Interrupted:
+            code = 0  # said below, as when the command ended on `stop`
         except Refused as err:
             log.error("%s", err)
             return 2
@@ -63,6 +59,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # An actor an interrupted start left running would keep the process alive: its thread is not a
                 # daemon. Only after a signal, which ends the process: in-process, other seats' actors run too.
                 pykka.ActorRegistry.stop_all(block=True, timeout=10)
+        if not signals.signum:
+            return code
+        name = signal.Signals(signals.signum).name
+        # serve and demo --serve run until stopped: being stopped is their clean end.
+        if args.command == "serve" or (args.command == "demo" and args.serve):
+            log.info("stopped by %s", name)
+            return code
+        log.warning("interrupted by %s: %s did not finish", name, args.command)
+        return 128 + signals.signum
 
 
 def run(args: argparse.Namespace, config: Config, stop: threading.Event) -> int:

@@ -52,7 +52,6 @@ def reconcile(config: Config, timeout: float, wait: bool, stop: threading.Event)
     def left() -> float:
         return max(timeout - (time.monotonic() - started), 0.1)
 
-    settled = threading.Event()
     outcome: list[tuple[bool, dict[str, int]]] = []
 
     def wait_settled(sup: Runtime | None) -> None:
@@ -60,10 +59,11 @@ def reconcile(config: Config, timeout: float, wait: bool, stop: threading.Event)
             return
 
         def wait() -> None:
+            # Settled or not by the timeout, holding ends as a signal ends it: on `stop`.
             try:
                 outcome.append((sup.wait_settled(left()), sup.store.counts()))
             finally:
-                settled.set()
+                stop.set()
 
         threading.Thread(target=wait, name="mesh-provisioner-reconcile", daemon=True).start()
 
@@ -81,11 +81,13 @@ def reconcile(config: Config, timeout: float, wait: bool, stop: threading.Event)
                           "" if wait else ": --wait waits for it (up to --timeout)")
             return 2
         # Held as `serve` holds it (`Seat.hold`: the lease renewed all along); a lost lease ends it at once.
-        why, _ = seat.hold(settled, within=left())
+        why, _ = seat.hold(stop, within=left())
         if why:
             log.error("%s; the reconcile stops, unfinished", why)
             return 2
-        if not outcome or not outcome[0][0]:
+        if not outcome:
+            return 2  # stopped by a signal before it settled: the caller says so
+        if not outcome[0][0]:
             log.error("the seat did not settle within --timeout %g s", timeout)
             return 2
         say(f"settled in {time.monotonic() - started:.2f} s: {summary(outcome[0][1])}")

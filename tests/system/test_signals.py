@@ -1,0 +1,62 @@
+"""The process's signals (cli/process.py `Signals`), at any moment of the main thread: each run in a process of its
+own, since a handler that hangs would hang the tests' process with it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+# A signal sent to the process itself at a random moment, `count` times over, each while the main thread loops on
+# `stop.wait(0)`: the handler lands inside `threading.Event.wait`'s bookkeeping, with its lock held, a good part of
+# the time. Each loop ends, on `stop` (mostly) or on Interrupted raised in the loop's own frame.
+WAIT_LOOP = """
+import os, random, signal, threading
+from mesh_provisioner.cli.process import Interrupted, Signals
+
+ended = raised = 0
+for _ in range({count}):
+    with Signals() as signals:
+        threading.Timer(random.uniform(0, 0.002), os.kill, (os.getpid(), signal.SIGTERM)).start()
+        try:
+            while not signals.stop.wait(0):
+                pass
+            ended += 1
+        except Interrupted:
+            raised += 1
+print(ended + raised, ended > raised)
+"""
+
+# A signal while the main thread waits for a coroutine on the bus loop: raised there, at once.
+LOOP_WAIT = """
+import asyncio, os, signal, threading, time
+from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.cli.process import Interrupted, Signals
+
+with EventLoopThread() as loop, Signals() as signals:
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+    began = time.monotonic()
+    try:
+        loop.run(asyncio.sleep(60), None)
+    except Interrupted as got:
+        print(got, signals.stop.wait(5), round(time.monotonic() - began))
+"""
+
+
+def run(script: str) -> str:
+    """A Python process running `script`; answers what it printed (a hang fails within a minute)."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr == ""
+    return done.stdout.strip()
+
+
+def test_a_signal_at_any_moment_of_a_wait_on_stop_sets_stop_and_never_hangs_the_process() -> None:
+    # A handler that set `stop` itself waited for the lock the main thread held: the process hung for good (more than
+    # half of these runs); one that raised there left the lock's bookkeeping broken ("release unlocked lock").
+    assert run(WAIT_LOOP.format(count=300)) == "300 True"
+
+
+def test_a_signal_while_the_main_thread_waits_on_the_bus_loop_interrupts_that_wait_at_once() -> None:
+    assert run(LOOP_WAIT) == "SIGINT True 0"
