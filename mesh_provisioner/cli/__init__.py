@@ -40,34 +40,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure_logging(level, form)
     with Signals() as signals:
+        code = 0
         try:
             code = run(args, config, signals.stop)
         except Interrupted:
-            code = 0  # said below, as when the command ended on `stop`
+            pass  # said below, as when the command ended on `stop`
         except Refused as err:
             log.error("%s", err)
-            return 2
+            code = 2
         except NotConnected as err:
             log.error("%s", err)
-            return 1
+            code = 1
         except Exception as err:
             log.error("%s could not run: %s", PROG, str(err) or type(err).__name__,
                       exc_info=log.isEnabledFor(logging.DEBUG))
-            return 1
+            code = 1
         finally:
             if signals.signum:
                 # An actor an interrupted start left running would keep the process alive: its thread is not a
                 # daemon. Only after a signal, which ends the process: in-process, other seats' actors run too.
                 pykka.ActorRegistry.stop_all(block=True, timeout=10)
-        if not signals.signum:
-            return code
-        name = signal.Signals(signals.signum).name
-        # serve and demo --serve run until stopped: being stopped is their clean end.
-        if args.command == "serve" or (args.command == "demo" and args.serve):
-            log.info("stopped by %s", name)
-            return code
-        log.warning("interrupted by %s: %s did not finish", name, args.command)
-        return 128 + signals.signum
+    if not signals.signum:
+        return code
+    name = signal.Signals(signals.signum).name
+    # serve and demo --serve run until stopped: being stopped is their clean end.
+    if args.command == "serve" or (args.command == "demo" and args.serve):
+        log.info("stopped by %s", name)
+        return code
+    log.warning("interrupted by %s: %s did not finish", name, args.command)
+    return 128 + signals.signum
 
 
 def run(args: argparse.Namespace, config: Config, stop: threading.Event) -> int:

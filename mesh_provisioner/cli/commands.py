@@ -62,6 +62,8 @@ def reconcile(config: Config, timeout: float, wait: bool, stop: threading.Event)
             # Settled or not by the timeout, holding ends as a signal ends it: on `stop`.
             try:
                 outcome.append((sup.wait_settled(left()), sup.store.counts()))
+            except Exception as err:  # the runtime stopped under it (its connection closed, say)
+                log.error("the seat's settling could not be waited for: %s", err)
             finally:
                 stop.set()
 
@@ -70,6 +72,8 @@ def reconcile(config: Config, timeout: float, wait: bool, stop: threading.Event)
     seat = Seat(config, on_hold=wait_settled, connect_within=timeout)
     try:
         if not seat.take(stop, left() if wait else 0):
+            if stop.is_set():
+                return 2  # stopped by a signal: `main` says so
             lost = seat.closed()
             if lost:
                 log.error("%s; nothing is reconciled", lost)
@@ -86,7 +90,7 @@ def reconcile(config: Config, timeout: float, wait: bool, stop: threading.Event)
             log.error("%s; the reconcile stops, unfinished", why)
             return 2
         if not outcome:
-            return 2  # stopped by a signal before it settled: the caller says so
+            return 2  # stopped by a signal before it settled (`main` says so), or the wait failed (said)
         if not outcome[0][0]:
             log.error("the seat did not settle within --timeout %g s", timeout)
             return 2
@@ -207,7 +211,7 @@ def demo(config: Config, keep: bool, stop: threading.Event) -> int:
                 threading.Thread(target=settled_then_shown, args=(sup,), name="demo-tables", daemon=True).start()
 
         code = Seat(config, on_hold=on_hold).serve(stop)
-        return code or (shown[0] if shown else 2)
+        return code or (shown[0] if shown else 0)  # not shown: stopped by a signal first
 
 
 def show(config: Config, args: argparse.Namespace) -> int:

@@ -50,77 +50,124 @@ def configure_logging(level: str, form: str) -> None:
 
 
 class Interrupted(BaseException):
-    """SIGTERM or SIGINT reached the process: raised where its main thread was, so every `finally` cleans up."""
+    """SIGTERM or SIGINT reached the process: raised in its main thread where that runs the package's own code (the
+    signal sent again until it does, `Signals`), so every `finally` on the way cleans up."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
 
+class Stop(threading.Event):
+    """The process's stop: set by a signal, or by a command that is done. It remembers whether the main thread has
+    seen it set (`is_set` or `wait` answering True there), from which moment that thread stops by itself."""
+
+    seen = False
+
+    def is_set(self) -> bool:
+        return self._seen(super().is_set())
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._seen(super().wait(timeout))
+
+    def _seen(self, stopped: bool) -> bool:
+        if stopped and threading.current_thread() is threading.main_thread():
+            self.seen = True
+        return stopped
+
+
 class Signals:
     """SIGTERM and SIGINT honoured at every moment, while installed (`with Signals() as s:`).
 
-    The first sets `stop` (what waits on it ends its loop) and, where the main thread runs only this package's code
-    (waiting in `EventLoopThread.run` for connecting, a load or a request, say), raises Interrupted there. The
+    The first sets `stop` (what waits on it ends its loop) and raises Interrupted in the main thread, where it runs
+    this package's own code (waiting in `EventLoopThread.run` for connecting, a load or a request, say). The
     `finally` blocks on the way give the lease back and stop the actors. A second signal during that clean-up exits
     at once. Installed only on the main thread (the only one that receives signals), and the handlers before it are
     put back after.
 
-    Why not more: a handler runs between any two bytecodes of the main thread. Inside a library (a `threading.Event`'s
-    wait, logging) an exception raised there can land between a lock's taking and the `try` that gives it back, and
-    `stop.set()` there waits for a lock the main thread itself may hold: it never returns. So the handler takes no
-    lock (a thread sets `stop`) and raises only out of this package's own code, which takes its locks with `with`
-    (the Python documentation's "Note on Signal Handlers and Exceptions").
+    A handler runs between any two bytecodes of the main thread. Inside a library (a `threading.Event`'s wait,
+    logging, starting a thread) an exception raised there can land between a lock's taking and the `try` that gives
+    it back, and `stop.set()` there waits for a lock the main thread itself may hold: it never returns (the Python
+    documentation's "Note on Signal Handlers and Exceptions"). So the handler takes no lock: a thread sets `stop`.
+    And it raises only out of the package's own code, which takes its locks with `with`; a signal that came inside a
+    library is sent again to the main thread every `AGAIN` seconds until it is raised, or until the main thread has
+    seen `stop` set and stops by itself: a wait on the bus loop begun meanwhile does not end on `stop`.
     """
 
+    AGAIN: Final = 0.005
+
     def __init__(self) -> None:
-        self.stop = threading.Event()
+        self.stop = Stop()
         self.signum = 0
         self._before: dict[int, Any] = {}
         self._caller: FrameType | None = None
         self._signalled: queue.SimpleQueue[int] = queue.SimpleQueue()  # its put is reentrant, fit for a handler
         self._relay: threading.Thread | None = None
+        self._done = threading.Event()
+        self._pending = False  # a signal came and is not raised yet
+        self._again = False  # the next signal is the relay's, sent again
 
     def __enter__(self) -> Signals:
         if threading.current_thread() is threading.main_thread():
             self._caller = sys._getframe(1)
-            self._relay = threading.Thread(target=self._set_stop, name="mesh-provisioner-signals", daemon=True)
+            self._relay = threading.Thread(target=self._relay_signal, name="mesh-provisioner-signals", daemon=True)
             self._relay.start()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._before[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._before.items():
-            signal.signal(sig, handler)
-        self._before.clear()
-        self._caller = None
+        # The relay ended before the handlers are put back: a signal it sent again after would meet the default one.
+        self._done.set()
         if self._relay is not None:
             self._signalled.put(0)
             self._relay.join()
             self._relay = None
+        for sig, handler in self._before.items():
+            signal.signal(sig, handler)
+        self._before.clear()
+        self._caller = None
 
-    def _set_stop(self) -> None:
-        """Set `stop` once a signal came (0: the handlers are put back, nothing came)."""
-        if self._signalled.get():
-            self.stop.set()
+    def _relay_signal(self) -> None:
+        """Set `stop` once a signal came (0: the handlers are being put back, none came); then send it again to the
+        main thread while it is not raised and the main thread has not seen `stop`."""
+        signum = self._signalled.get()
+        if not signum:
+            return
+        self.stop.set()
+        main = threading.main_thread().ident
+        assert main is not None
+        while not self._done.wait(self.AGAIN):
+            if not self._pending or self.stop.seen:
+                return
+            self._again = True
+            signal.pthread_kill(main, signum)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        name = signal.Signals(signum).name
-        if self.signum:
-            log.warning("%s again while stopping: exiting at once, without the rest of the clean-up", name)
-            logging.shutdown()
-            os._exit(128 + signum)
-        self.signum = signum
-        self._signalled.put(signum)
-        if self._own_code(frame):
-            raise Interrupted(signum)
+        again, self._again = self._again, False
+        if again and (not self._pending or self.stop.seen or self._done.is_set()):
+            return  # raised already, or the main thread stops by itself
+        if not again:
+            if self.signum:
+                name = signal.Signals(signum).name
+                log.warning("%s again while stopping: exiting at once, without the rest of the clean-up", name)
+                logging.shutdown()
+                os._exit(128 + signum)
+            self.signum = signum
+        raising = self._own_code(frame)
+        self._pending = not raising
+        if not again:
+            self._signalled.put(signum)
+        if raising:
+            raise Interrupted(self.signum)
 
     def _own_code(self, frame: FrameType | None) -> bool:
-        """Whether every frame from the one the signal interrupted out to the one that entered `with Signals()` is
-        this package's code."""
+        """Whether the frame the signal interrupted and every frame out to the one that entered `with Signals()` (not
+        that one: its `try` may be behind it) are the package's code, none of them this module's."""
+        if frame is self._caller:
+            return False
         while frame is not None and frame is not self._caller:
-            if not frame.f_code.co_filename.startswith(PACKAGE):
+            if not frame.f_code.co_filename.startswith(PACKAGE) or frame.f_code.co_filename == __file__:
                 return False
             frame = frame.f_back
         return frame is not None

@@ -9,6 +9,7 @@ was given (`reconcile --timeout`) ends holding and says why."""
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from nats.js.kv import KeyValue
 from mesh_provisioner.bus.connection import ensure_buckets, open_bucket
 from mesh_provisioner.bus.loader import load_states
 from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.cli.process import Interrupted
 from mesh_provisioner.config import Config
 from mesh_provisioner.contract import SEAT, SEAT_STATES
 from mesh_provisioner.messages import records as r
@@ -151,15 +153,23 @@ def test_8_1_a_process_whose_load_makes_no_headway_goes_back_to_waiting_and_hold
 
 
 class Signalled(threading.Event):
-    """A stop that a signal sets (cli/process.py `Signals`) as soon as it is first waited on."""
+    """A stop that a signal sets (cli/process.py `Signals`) as soon as it is first waited on; with `raising`, the
+    signal is raised there too (the handler raises where the main thread runs the package's own code)."""
+
+    def __init__(self, raising: bool) -> None:
+        super().__init__()
+        self.raising = raising
 
     def wait(self, timeout: float | None = None) -> bool:
         self.set()
+        if self.raising:
+            raise Interrupted(signal.SIGTERM)
         return True
 
 
+@pytest.mark.parametrize("raising", [False, True], ids=["stop set", "raised"])
 def test_8_1_a_signal_while_a_process_waits_for_the_rest_of_its_share_stops_its_lease_keeper(
-    bus: tuple[NatsServer, EventLoopThread], monkeypatch: pytest.MonkeyPatch
+    bus: tuple[NatsServer, EventLoopThread], monkeypatch: pytest.MonkeyPatch, raising: bool
 ) -> None:
     server, loop = bus
     nc, kv = loop.run(a_holds(server, range(SHARDS)), 30)
@@ -178,7 +188,11 @@ def test_8_1_a_signal_while_a_process_waits_for_the_rest_of_its_share_stops_its_
     try:
         assert held.take(threading.Event(), 10)
         assert held.lease.mine() == [2] and held.lease.missing == 1  # type: ignore[attr-defined]
-        assert held.hold(Signalled()) == ("", False)
+        if raising:
+            with pytest.raises(Interrupted):
+                held.hold(Signalled(raising))
+        else:
+            assert held.hold(Signalled(raising)) == ("", False)
         assert not started, "the actors started after the signal"
         assert len(keepers) == 1
         assert not keepers[0]._thread.is_alive(), "the lease is still renewed after the signal"

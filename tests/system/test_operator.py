@@ -338,6 +338,27 @@ def test_3_reconcile_says_at_once_that_another_process_holds_the_seat(loaded: st
         assert stop(a) == 0
 
 
+def test_3_reconcile_waiting_for_the_seat_stops_at_a_signal_and_says_only_that(loaded: str, tmp_path: Path) -> None:
+    a = start("--nats", loaded, "--lease-seconds", "5", "serve", log=tmp_path / "a.log")
+    log = tmp_path / "reconcile.log"
+    b = None
+    try:
+        wait_until(lambda: getattr(holder(loaded), "pid", 0) == a.pid, 30, 0.05, "a holds the seat")
+        b = start("--nats", loaded, "--lease-seconds", "5", "reconcile", "--wait", "--timeout", "60", log=log)
+        wait_until(lambda: "waits for it as a standby" in log.read_text(), 30, 0.05, "reconcile waiting")
+        began = time.monotonic()
+        assert stop(b) == 143, log.read_text()
+        assert time.monotonic() - began < 5
+    finally:
+        if b is not None:
+            stop(b, signal.SIGKILL)
+        assert stop(a) == 0
+    text = log.read_text()
+    # The wait ended on `stop`: not a holder that stayed, nor anything reconciled.
+    assert "Traceback" not in text and "nothing is reconciled" not in text, text
+    assert "interrupted by SIGTERM: reconcile did not finish" in text.splitlines()[-1], text
+
+
 @pytest.mark.parametrize(("args", "code"), [(("reconcile", "--timeout", "60"), 130), (("serve",), 0),
                                             (("reconcile", "--dry-run", "--timeout", "60"), 130)])
 def test_3_ctrl_c_while_connecting_stops_at_once_without_a_traceback(
