@@ -27,6 +27,10 @@ The work-arounds reach into nats-py's private attributes where no public API doe
    loop for good (a host's loop, when the seat runs on one). They are cancelled here.
 6. A JetStream subscription stopped on a closed client (`unsubscribe_js`). nats-py's unsubscribe raises before it
    cancels the subscription's heartbeat and flow-control tasks, which then outlive the watch.
+7. The PONG of a flush that is no longer waited for (`_process_pong`). A flush timed out or cancelled (a request
+   given up, a signal) leaves its ping's future, cancelled, first in line; nats-py sets the result of the next PONG
+   on it, which raises, and its read loop ends: a new connection (3), its watches made again. That PONG is taken
+   as the answer to the flush nobody waits for.
 """
 
 from __future__ import annotations
@@ -108,6 +112,14 @@ class FixedClient(Client):
             log.warning("the NATS client stopped reading while connected (nats-py logged why); making a new "
                         "connection")
             await self.force_reconnect()
+
+    async def _process_pong(self) -> None:
+        if self._pongs and self._pongs[0].done():  # 7: its flush timed out or was cancelled
+            self._pongs.pop(0)
+            self._pongs_received += 1
+            self._pings_outstanding = 0
+            return
+        await super()._process_pong()
 
     async def connect(self, *args: Any, **options: Any) -> None:
         """nats-py's `connect`; the disconnect callback given (if any) is called after failing the requests that

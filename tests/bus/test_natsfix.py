@@ -231,3 +231,33 @@ def test_a_read_loop_cancelled_while_connected_makes_no_new_connection(
         assert nc.is_connected and not nc.is_reconnecting and nc.stats["reconnects"] == 0
     finally:
         loop.run(nc.close(), 10)
+
+
+async def _flush_given_up(nc: Client) -> None:
+    """A flush given up before its PONG came: its ping sent with a future cancelled at once, as a cancelled or timed
+    out `flush` leaves it."""
+    future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    future.cancel()
+    await nc._send_ping(future)
+
+
+def test_nats_py_ends_its_read_loop_on_the_pong_of_a_flush_given_up(loop: EventLoopThread, plain: Client) -> None:
+    reader = plain._reading_task
+    assert reader is not None
+    loop.run(_flush_given_up(plain), 5)
+    wait_until(lambda: reader.done() or plain._pongs_received > 0, what="the PONG came")
+    assert reader.done(), GONE.format("7 (FixedClient._process_pong)")
+
+
+def test_the_seats_client_takes_the_pong_of_a_flush_given_up_and_reads_on(
+    loop: EventLoopThread, nats_server: NatsServer
+) -> None:
+    nc = loop.run(connect([nats_server.url], reconnect_time_wait=0.2), 10)
+    try:
+        reader = nc._reading_task
+        loop.run(_flush_given_up(nc), 5)
+        wait_until(lambda: nc._pongs_received > 0, what="the PONG came")
+        loop.run(nc.flush(5), 10)  # the next flush has its own PONG
+        assert nc._reading_task is reader and not reader.done() and nc.stats["reconnects"] == 0
+    finally:
+        loop.run(nc.close(), 10)
