@@ -11,13 +11,21 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import math
 import threading
+import time
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 log = logging.getLogger("mesh_provisioner.bus.loop")
 
 T = TypeVar("T")
+
+# The longest a wait of `EventLoopThread.run` goes without looking for a signal (`_acquired`), and a task left on a
+# stopped loop without being cancelled again.
+SLICE: Final = 0.05
+# How many times a stopped loop cancels a task that runs on: about `EventLoopThread.stop`'s wait.
+CANCELS: Final = 100
 
 
 class EventLoopThread:
@@ -79,17 +87,19 @@ class EventLoopThread:
             coro.close()
             raise RuntimeError("EventLoopThread.run was called on the loop's own thread; await the coroutine instead")
         name = getattr(coro, "__qualname__", repr(coro))
-        future = self.submit(coro)
-        # Waited for on a bare lock, one call of this module's own: an exception a signal's handler raises in it
+        # Waited for on a bare lock, in calls of this module's own: an exception a signal's handler raises in them
         # lands nowhere else (`Future.result` waits inside `threading`'s bookkeeping; cli/process.py `Signals`).
         ended = threading.Lock()
         ended.acquire()
-        future.add_done_callback(lambda _: ended.release())
+        future: concurrent.futures.Future[T] | None = None
         try:
-            finished = ended.acquire(timeout=-1 if timeout is None else max(timeout, 0))
+            future = self.submit(coro)
+            future.add_done_callback(lambda _: ended.release())
+            finished = _acquired(ended, timeout)
         except BaseException:
             # The wait itself was interrupted (a signal's handler raised, Ctrl-C): what it waited for stops too.
-            future.cancel()
+            if future is not None:
+                future.cancel()
             raise
         if not finished and future.cancel():  # not cancelled: it ended just now
             raise TimeoutError(f"{name} did not finish within {timeout} s on the bus loop; it was cancelled")
@@ -119,12 +129,34 @@ class EventLoopThread:
         try:
             loop.run_forever()
         finally:
-            # Whatever still runs (watches, subscriptions' tasks) is cancelled and given its chance to end.
-            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for task in pending:
-                task.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            # Whatever still runs (watches, subscriptions' tasks) is cancelled and given its chance to end; cancelled
+            # again while it runs on. A cancellation can be lost: Python 3.11's `asyncio.wait_for` drops one that comes
+            # as its own timeout does, and nats-py's connect, cancelled so, tries the next server.
+            pending = {t for t in asyncio.all_tasks(loop) if not t.done()}
+            ended: set[asyncio.Task[Any]] = set()
+            for _ in range(CANCELS):
+                if not pending:
+                    break
+                for task in pending:
+                    task.cancel()
+                done, pending = loop.run_until_complete(asyncio.wait(pending, timeout=SLICE))
+                ended |= done
+            for task in ended:
+                if not task.cancelled():
+                    task.exception()  # retrieved: what a cancelled task raised on its way out is not reported
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
             log.debug("the bus loop is closed")
+
+
+def _acquired(lock: threading.Lock, timeout: float | None) -> bool:
+    """Acquire `lock` within `timeout` seconds (None: however long it takes), in waits of `SLICE` at most: a lock's
+    wait does not look for a signal that came just before it began, and one that comes in a slice's end is handled
+    there (cli/process.py `Signals`)."""
+    deadline = math.inf if timeout is None else time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if lock.acquire(timeout=max(0.0, min(left, SLICE))):
+            return True
+        if left <= SLICE:
+            return False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 from helpers import wait_until
@@ -71,6 +72,29 @@ def test_stop_cancels_what_still_runs() -> None:
     running.stop()
     assert ended.is_set()
     assert running.loop.is_closed()
+
+
+def test_stop_cancels_again_a_task_that_lost_its_cancellation() -> None:
+    # As Python 3.11's `asyncio.wait_for` loses one that comes as its own timeout does (nats-py's connect then tries
+    # the next server): the loop stops all the same, at once, not past `stop`'s wait.
+    thread = EventLoopThread("test-stubborn")
+    started, lost = threading.Event(), threading.Event()
+
+    async def stubborn() -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            lost.set()
+        await asyncio.Event().wait()
+
+    thread.submit(stubborn())
+    wait_until(started.is_set, 5, what="the coroutine started")
+    began = time.monotonic()
+    thread.stop(timeout=5)
+    assert lost.is_set()
+    assert thread.loop.is_closed(), "the loop still runs the task that lost its cancellation"
+    assert time.monotonic() - began < 2
 
 
 def test_an_adopted_loop_is_neither_started_nor_stopped_by_it() -> None:
