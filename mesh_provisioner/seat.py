@@ -232,11 +232,11 @@ class Seat:
         except BaseException:
             keeper.stop()
             raise
-        self.supervisor = sup
-        self.on_hold(sup)
         why, gave_up = "", False
         verb: Service | None = None
         try:
+            self.supervisor = sup
+            self.on_hold(sup)
             # The verb answers from the holder's cache (contract 9); a standby has none, so it serves no verb.
             try:
                 verb = self.loop.run(serve_verb(self.nc, sup.view, held=sup.holds_all,

@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # An actor an interrupted start left running would keep the process alive: its thread is not a
                 # daemon. Only after a signal, which ends the process: in-process, other seats' actors run too.
                 pykka.ActorRegistry.stop_all(block=True, timeout=10)
-    if not signals.signum:
+    if not signals.signum or signals.late:  # late: the command was done, and finished its clean-up
         return code
     name = signal.Signals(signals.signum).name
     # serve and demo --serve run until stopped: being stopped is their clean end.

@@ -59,9 +59,12 @@ def reconcile(config: Config, timeout: float, wait: bool, stop: threading.Event)
             return
 
         def wait() -> None:
-            # Settled or not by the timeout, holding ends as a signal ends it: on `stop`.
+            # Settled or not by the timeout, holding ends as a signal ends it: on `stop`. Not settled once a signal
+            # stopped the seat is no outcome: the signal is said, not a timeout.
             try:
-                outcome.append((sup.wait_settled(left()), sup.store.counts()))
+                settled = sup.wait_settled(left())
+                if settled or not stop.is_set():
+                    outcome.append((settled, sup.store.counts()))
             except Exception as err:  # the runtime stopped under it (its connection closed, say)
                 log.error("the seat's settling could not be waited for: %s", err)
             finally:
@@ -192,6 +195,8 @@ def demo(config: Config, keep: bool, stop: threading.Event) -> int:
 
         def settled_then_shown(sup: Runtime) -> None:
             if not sup.wait_settled(60):
+                if stop.is_set():
+                    return  # stopped by a signal first: nothing to show, and nothing failed
                 log.error("the demo did not settle within 60 s")
                 shown.append(2)
                 stop.set()

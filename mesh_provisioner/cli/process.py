@@ -90,34 +90,40 @@ class Signals:
     it back, and `stop.set()` there waits for a lock the main thread itself may hold: it never returns (the Python
     documentation's "Note on Signal Handlers and Exceptions"). So the handler takes no lock: a thread sets `stop`.
     And it raises only out of the package's own code, which takes its locks with `with`; a signal that came inside a
-    library is sent again to the main thread every `AGAIN` seconds until it is raised, or until the main thread has
-    seen `stop` set and stops by itself: a wait on the bus loop begun meanwhile does not end on `stop`.
+    library is raised later, `POKE` sent to the main thread every `AGAIN` seconds until it is, or until the main
+    thread has seen `stop` set and stops by itself (a wait on the bus loop begun meanwhile does not end on `stop`).
+    A signal that comes once the main thread has seen `stop` (a command that is done, stopping) raises nothing:
+    that thread is in its clean-up, which it finishes (`late`).
     """
 
     AGAIN: Final = 0.005
+    # Sent to the main thread, not SIGTERM or SIGINT again, so that each of those is the operator's; ignored by
+    # default, should one come once the handlers are put back, and used by nothing else here.
+    POKE: Final = signal.SIGURG
 
     def __init__(self) -> None:
         self.stop = Stop()
         self.signum = 0
+        self.late = False  # the first signal came once the main thread had seen `stop`: it finishes as it was
         self._before: dict[int, Any] = {}
         self._caller: FrameType | None = None
         self._signalled: queue.SimpleQueue[int] = queue.SimpleQueue()  # its put is reentrant, fit for a handler
         self._relay: threading.Thread | None = None
         self._done = threading.Event()
-        self._pending = False  # a signal came and is not raised yet
-        self._again = False  # the next signal is the relay's, sent again
+        self._pending = False  # the first signal came and is not raised yet
 
     def __enter__(self) -> Signals:
         if threading.current_thread() is threading.main_thread():
             self._caller = sys._getframe(1)
             self._relay = threading.Thread(target=self._relay_signal, name="mesh-provisioner-signals", daemon=True)
             self._relay.start()
+            self._before[self.POKE] = signal.signal(self.POKE, self._poked)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._before[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        # The relay ended before the handlers are put back: a signal it sent again after would meet the default one.
+        # The relay ended before the handlers are put back: it pokes no thread that no longer expects it.
         self._done.set()
         if self._relay is not None:
             self._signalled.put(0)
@@ -129,10 +135,9 @@ class Signals:
         self._caller = None
 
     def _relay_signal(self) -> None:
-        """Set `stop` once a signal came (0: the handlers are being put back, none came); then send it again to the
-        main thread while it is not raised and the main thread has not seen `stop`."""
-        signum = self._signalled.get()
-        if not signum:
+        """Set `stop` once a signal came (0: the handlers are being put back, none came); then poke the main thread
+        while the signal is not raised and that thread has not seen `stop`."""
+        if not self._signalled.get():
             return
         self.stop.set()
         main = threading.main_thread().ident
@@ -140,25 +145,25 @@ class Signals:
         while not self._done.wait(self.AGAIN):
             if not self._pending or self.stop.seen:
                 return
-            self._again = True
-            signal.pthread_kill(main, signum)
+            signal.pthread_kill(main, self.POKE)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        again, self._again = self._again, False
-        if again and (not self._pending or self.stop.seen or self._done.is_set()):
-            return  # raised already, or the main thread stops by itself
-        if not again:
-            if self.signum:
-                name = signal.Signals(signum).name
-                log.warning("%s again while stopping: exiting at once, without the rest of the clean-up", name)
-                logging.shutdown()
-                os._exit(128 + signum)
-            self.signum = signum
-        raising = self._own_code(frame)
-        self._pending = not raising
-        if not again:
-            self._signalled.put(signum)
+        if self.signum:
+            name = signal.Signals(signum).name
+            log.warning("%s again while stopping: exiting at once, without the rest of the clean-up", name)
+            logging.shutdown()
+            os._exit(128 + signum)
+        self.signum = signum
+        self.late = self.stop.seen
+        raising = not self.late and self._own_code(frame)
+        self._pending = not raising and not self.late
+        self._signalled.put(signum)
         if raising:
+            raise Interrupted(signum)
+
+    def _poked(self, signum: int, frame: FrameType | None) -> None:
+        if self._pending and not self.stop.seen and not self._done.is_set() and self._own_code(frame):
+            self._pending = False
             raise Interrupted(self.signum)
 
     def _own_code(self, frame: FrameType | None) -> bool:
