@@ -24,7 +24,9 @@ T = TypeVar("T")
 # The longest a wait of `EventLoopThread.run` goes without looking for a signal (`_acquired`), and a task left on a
 # stopped loop without being cancelled again.
 SLICE: Final = 0.05
-# How many times a stopped loop cancels a task that runs on: about `EventLoopThread.stop`'s wait.
+# A stopped loop's tasks: how long they have to end once cancelled, and how many slices in all it waits for them
+# (about `EventLoopThread.stop`'s wait).
+GRACE: Final = 1.0
 CANCELS: Final = 100
 
 
@@ -129,17 +131,19 @@ class EventLoopThread:
         try:
             loop.run_forever()
         finally:
-            # Whatever still runs (watches, subscriptions' tasks) is cancelled and given its chance to end; cancelled
-            # again while it runs on. A cancellation can be lost: Python 3.11's `asyncio.wait_for` drops one that comes
-            # as its own timeout does, and nats-py's connect, cancelled so, tries the next server.
-            pending = {t for t in asyncio.all_tasks(loop) if not t.done()}
+            # Whatever still runs (watches, subscriptions' tasks) is cancelled and given its chance to end, what it
+            # starts on its way out (a watch's consumer deleted under a shield) too; past `GRACE`, whatever still runs
+            # is cancelled again. A cancellation can be lost: Python 3.11's `asyncio.wait_for` drops one that comes as
+            # its own timeout does, and nats-py's connect, cancelled so, tries the next server.
             ended: set[asyncio.Task[Any]] = set()
-            for _ in range(CANCELS):
+            for i in range(CANCELS):
+                pending = {t for t in asyncio.all_tasks(loop) if not t.done()}
                 if not pending:
                     break
-                for task in pending:
-                    task.cancel()
-                done, pending = loop.run_until_complete(asyncio.wait(pending, timeout=SLICE))
+                if i == 0 or i * SLICE >= GRACE:
+                    for task in pending:
+                        task.cancel()
+                done, _ = loop.run_until_complete(asyncio.wait(pending, timeout=SLICE))
                 ended |= done
             for task in ended:
                 if not task.cancelled():

@@ -97,6 +97,30 @@ def test_stop_cancels_again_a_task_that_lost_its_cancellation() -> None:
     assert time.monotonic() - began < 2
 
 
+def test_stop_lets_a_cancelled_task_finish_what_it_shields_on_its_way_out() -> None:
+    # As a watch deletes its consumer under a shield when cancelled (bus/cache.py): that clean-up, a task started
+    # after the stop began, is waited for, not cancelled again at once.
+    thread = EventLoopThread("test-shield")
+    started, cleaned = threading.Event(), threading.Event()
+
+    async def clean_up() -> None:
+        await asyncio.sleep(0.2)
+        cleaned.set()
+
+    async def watch() -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.shield(clean_up())
+
+    thread.submit(watch())
+    wait_until(started.is_set, 5, what="the coroutine started")
+    thread.stop(timeout=5)
+    assert cleaned.is_set(), "the shielded clean-up was cut short"
+    assert thread.loop.is_closed()
+
+
 def test_an_adopted_loop_is_neither_started_nor_stopped_by_it() -> None:
     with EventLoopThread("host") as host:
         adopted = EventLoopThread.adopt(host.loop)
