@@ -207,9 +207,9 @@ class Seat:
         taken (the cache's first load of a large mesh outlasts a short lease), and a lease lost ends holding at once.
         """
         keeper = LeaseKeeper(self)
-        keeper.start()
         shards = self.lease if isinstance(self.lease, ShardLeases) else None
         try:
+            keeper.start()
             if shards is not None:
                 self._await_share(shards, stop)
             if stop.is_set():  # a signal while the lease was taken, or the rest of the share waited for
@@ -304,6 +304,7 @@ class Seat:
                 return 1
             return 0
         finally:
+            stop.set()  # the seat stops, whatever ended it: a signal from now on lets it finish (cli/process.py)
             self.close()
 
     def close(self) -> None:

@@ -100,6 +100,7 @@ def reconcile(config: Config, timeout: float, wait: bool, stop: threading.Event)
         say(f"settled in {time.monotonic() - started:.2f} s: {summary(outcome[0][1])}")
         return 0
     finally:
+        stop.set()  # done, whatever ended it: a signal from now on lets the lease be given back (cli/process.py)
         seat.close()
 
 

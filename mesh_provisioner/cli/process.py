@@ -60,9 +60,13 @@ class Interrupted(BaseException):
 
 class Stop(threading.Event):
     """The process's stop: set by a signal, or by a command that is done. It remembers whether the main thread has
-    seen it set (`is_set` or `wait` answering True there), from which moment that thread stops by itself."""
+    seen it set (set it, or `is_set` or `wait` answering True there), from which moment that thread stops by itself."""
 
     seen = False
+
+    def set(self) -> None:
+        super().set()
+        self._seen(True)
 
     def is_set(self) -> bool:
         return self._seen(super().is_set())
@@ -130,7 +134,7 @@ class Signals:
             self._relay.join()
             self._relay = None
         for sig, handler in self._before.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: not one of Python's
         self._before.clear()
         self._caller = None
 

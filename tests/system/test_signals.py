@@ -7,18 +7,19 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from types import FrameType
 
 import pytest
 
-from mesh_provisioner.cli.process import Interrupted, Signals
+from mesh_provisioner.cli.process import Interrupted, Signals, Stop
 
 # A signal sent to the process itself at a random moment, `count` times over, each while the main thread loops on
 # `stop.wait(0)`: the handler lands inside `threading.Event.wait`'s bookkeeping, with its lock held, a good part of
 # the time. Each loop ends on `stop`: the handler raises neither in a library nor in the frame that installed it.
 WAIT_LOOP = """
 import os, random, signal, threading
-from mesh_provisioner.cli.process import Interrupted, Signals
+from mesh_provisioner.cli.process import Interrupted, Signals, Stop
 
 ended = raised = 0
 for _ in range({count}):
@@ -37,7 +38,7 @@ print(ended, raised)
 LOOP_WAIT = """
 import asyncio, os, signal, threading, time
 from mesh_provisioner.bus.loop import EventLoopThread
-from mesh_provisioner.cli.process import Interrupted, Signals
+from mesh_provisioner.cli.process import Interrupted, Signals, Stop
 
 with EventLoopThread() as loop, Signals() as signals:
     threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
@@ -159,3 +160,17 @@ def test_a_poke_raises_the_pending_signal_only_until_the_main_thread_saw_stop() 
     signals.stop.set()
     signals.stop.wait(0)
     signals._poked(Signals.POKE, None)  # seen: the main thread stops by itself
+
+
+def test_stop_is_seen_by_the_main_thread_only_once_it_set_it_or_found_it_set() -> None:
+    # A command that ends sets `stop` on the main thread (Seat.serve, reconcile): a signal after that is late, and
+    # the clean-up it is in finishes. Set by another thread (the relay, a command's waiter) it is not seen yet.
+    stop = Stop()
+    setter = threading.Thread(target=stop.set)
+    setter.start()
+    setter.join()
+    assert not stop.seen
+    assert stop.is_set() and stop.seen
+    mine = Stop()
+    mine.set()
+    assert mine.seen
