@@ -21,8 +21,8 @@ log = logging.getLogger("mesh_provisioner.bus.loop")
 
 T = TypeVar("T")
 
-# The longest a wait of `EventLoopThread.run` goes without looking for a signal (`_acquired`), and a task left on a
-# stopped loop without being cancelled again.
+# The longest a wait of `EventLoopThread.run` goes without looking for a signal (`_acquired`), and a stopped loop
+# between two looks at the tasks it still runs.
 SLICE: Final = 0.05
 # A stopped loop's tasks: how long they have to end once cancelled, and how many slices in all it waits for them
 # (about `EventLoopThread.stop`'s wait).

@@ -51,7 +51,7 @@ def configure_logging(level: str, form: str) -> None:
 
 class Interrupted(BaseException):
     """SIGTERM or SIGINT reached the process: raised in its main thread where that runs the package's own code (the
-    signal sent again until it does, `Signals`), so every `finally` on the way cleans up."""
+    thread poked until it does, `Signals`), so every `finally` on the way cleans up."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
