@@ -26,7 +26,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from mesh_provisioner.actors.asker import AskerActor
-from mesh_provisioner.actors.base import InFlight
+from mesh_provisioner.actors.base import InFlight, stop_actor
 from mesh_provisioner.actors.bound import BoundActor
 from mesh_provisioner.actors.dispatch import Dispatcher, Judgment
 from mesh_provisioner.actors.host import HostActor
@@ -309,8 +309,8 @@ class Runtime:
             if self._closed:
                 return
             self._closed = True
-        if self.ref.is_alive():
-            self.ref.stop(block=False)
+        # Off its thread: a host's `Stop` is done on a thread of its own (actors/host.py).
+        stop_actor(self.ref, timeout)
         link(self.nc).remove_listener(self._connection_closed)
         try:
             self.loop.run(self.cache.stop(), timeout)

@@ -9,7 +9,6 @@ child must do to recover (resynchronise from the bus) is its owner's, told throu
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -19,7 +18,7 @@ from typing import Any
 
 import pykka
 
-from mesh_provisioner.actors.base import InFlight
+from mesh_provisioner.actors.base import InFlight, stop_actor
 from mesh_provisioner.actors.supervisor_mailbox import SupervisorMailbox
 from mesh_provisioner.config import Config
 from mesh_provisioner.messages.protocol import ChildExited, Crash, Message, Restart
@@ -183,10 +182,9 @@ class Supervisor:
             self.stopping = True
             refs = [self._refs[n] for n in reversed(self._order) if n in self._refs]
         for ref in refs:
-            with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
-                ref.stop(block=True, timeout=timeout)
-        if self.ref.is_alive():
-            self.ref.stop(block=False)
+            stop_actor(ref, timeout)
+        # Its own mailbox last, off its thread: `_on_exit` gives up on a thread of its own.
+        stop_actor(self.ref, timeout)
         if not self.failed.done():
             self.failed.set_result(why)
         return True

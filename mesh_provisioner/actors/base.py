@@ -11,6 +11,7 @@ An actor does no coalescing of its own: at each `Tick` it takes every judgment t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -106,6 +107,14 @@ class Workplace(Protocol):
 
 class ActorKilled(RuntimeError):
     """The chaos API killed this actor."""
+
+
+def stop_actor(ref: pykka.ActorRef[Any], timeout: float) -> None:
+    """Stop an actor and wait, `timeout` seconds at most, until it has: once this returns it is out of pykka's
+    registry, so a seat stopped leaves no actor of its own behind in its host's (design.md, "Supervision"). An actor
+    stopped already is not an error. Never called on the actor's own thread, where it would wait the whole timeout."""
+    with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
+        ref.stop(block=True, timeout=timeout)
 
 
 class InFlight:

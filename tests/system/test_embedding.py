@@ -213,6 +213,28 @@ def test_a_seat_stopped_after_its_server_went_away_leaves_no_task_on_the_hosts_l
     assert pykka.ActorRegistry.get_all() == []
 
 
+def test_a_stopped_seat_has_no_actor_left_in_the_registry_once_stop_returns(
+    mesh: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sup = Runtime.start(seat_config(mesh.url))
+    settle(sup)
+    status, answering, returned = sup.status, threading.Event(), threading.Event()
+
+    def slow_status() -> SeatStatus:
+        answering.set()
+        returned.wait(2)  # a stop that does not wait for the host's mailbox has returned by then
+        return status()
+
+    monkeypatch.setattr(sup, "status", slow_status)
+    asked = sup.ref.ask(Status(), block=False)
+    assert answering.wait(10)
+    sup.stop()
+    left = pykka.ActorRegistry.get_all()
+    returned.set()
+    assert isinstance(asked.get(timeout=10), SeatStatus)
+    assert left == []
+
+
 def test_a_host_closing_its_connection_is_noticed_by_the_seat(mesh: Bus, host_loop: EventLoopThread) -> None:
     host_nc = host_loop.run(nats.connect(mesh.url, name="host"), 10)
     before = tasks(host_loop)
