@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent import futures
 from concurrent.futures import Future
 from datetime import UTC, datetime
 from functools import partial
@@ -303,24 +304,31 @@ class Runtime:
         self._shut_down(timeout, why="")
 
     def _shut_down(self, timeout: float, why: str) -> None:
-        """Stop every actor in reverse order and the connection this made; then `failed` says why ("": asked to)."""
-        self.supervisor.stop(timeout, why)
+        """Stop every actor in reverse order and the connection this made; then `failed` says why ("": asked to).
+
+        Once: a stop asked while another is under way (a host's `Stop`, the supervisor giving up, the connection
+        closed for good) returns when that one has, `timeout` seconds at most, as any stop returns once the seat is
+        stopped."""
         with self._node_lock:
-            if self._closed:
-                return
-            self._closed = True
-        # Off its thread: a host's `Stop` is done on a thread of its own (actors/host.py).
-        stop_actor(self.ref, timeout)
-        link(self.nc).remove_listener(self._connection_closed)
+            first, self._closed = not self._closed, True
+        if not first:
+            futures.wait([self.failed], timeout)
+            return
         try:
-            self.loop.run(self.cache.stop(), timeout)
-        except Exception as err:  # the bus may be gone already: the actors are stopped, which is what counts
-            log.debug("the cache did not stop cleanly: %s", err)
-        # On a host's connection nothing of this seat stays subscribed: a seat started again on it (a standby
-        # taking the lease back) would hear the router twice, and this one would be kept alive.
-        self.attachment.close(timeout, self._subs)
-        if not self.failed.done():
-            self.failed.set_result(self.supervisor.failed.result() if self.supervisor.failed.done() else why)
+            self.supervisor.stop(timeout, why)
+            # Off its thread: a host's `Stop` is done on a thread of its own (actors/host.py).
+            stop_actor(self.ref, timeout)
+            link(self.nc).remove_listener(self._connection_closed)
+            try:
+                self.loop.run(self.cache.stop(), timeout)
+            except Exception as err:  # the bus may be gone already: the actors are stopped, which is what counts
+                log.debug("the cache did not stop cleanly: %s", err)
+            # On a host's connection nothing of this seat stays subscribed: a seat started again on it (a standby
+            # taking the lease back) would hear the router twice, and this one would be kept alive.
+            self.attachment.close(timeout, self._subs)
+        finally:
+            if not self.failed.done():
+                self.failed.set_result(self.supervisor.failed.result() if self.supervisor.failed.done() else why)
 
     # ---- the seat the actors work in ------------------------------------------------------------------------
 

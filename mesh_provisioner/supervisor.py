@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Future
 from typing import Any
 
@@ -174,18 +175,21 @@ class Supervisor:
     # ---- stopping -------------------------------------------------------------------------------------------
 
     def stop(self, timeout: float = 10.0, why: str = "") -> bool:
-        """Stop every child in reverse order of start, then `failed` says why ("": asked to); False when stopping
-        had begun already."""
+        """Stop every child in reverse order of start, then `failed` says why ("": asked to). A stop asked while
+        another is under way returns False once that one is done (`timeout` seconds at most)."""
         with self._lock:
-            if self.stopping:
-                return False
-            self.stopping = True
+            first, self.stopping = not self.stopping, True
             refs = [self._refs[n] for n in reversed(self._order) if n in self._refs]
-        for ref in refs:
-            stop_actor(ref, timeout)
-        # Its own mailbox last, off its thread: `_on_exit` gives up on a thread of its own.
-        stop_actor(self.ref, timeout)
-        if not self.failed.done():
-            self.failed.set_result(why)
+        if not first:
+            futures.wait([self.failed], timeout)
+            return False
+        try:
+            for ref in refs:
+                stop_actor(ref, timeout)
+            # Its own mailbox last, off its thread: `_on_exit` gives up on a thread of its own.
+            stop_actor(self.ref, timeout)
+        finally:
+            if not self.failed.done():
+                self.failed.set_result(why)
         return True
 

@@ -11,7 +11,6 @@ An actor does no coalescing of its own: at each `Tick` it takes every judgment t
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -113,8 +112,12 @@ def stop_actor(ref: pykka.ActorRef[Any], timeout: float) -> None:
     """Stop an actor and wait, `timeout` seconds at most, until it has: once this returns it is out of pykka's
     registry, so a seat stopped leaves no actor of its own behind in its host's (design.md, "Supervision"). An actor
     stopped already is not an error. Never called on the actor's own thread, where it would wait the whole timeout."""
-    with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
+    try:
         ref.stop(block=True, timeout=timeout)
+    except pykka.ActorDeadError:
+        pass
+    except pykka.Timeout:
+        log.warning("%s did not stop within %g s: it stops once its message in hand is done", ref, timeout)
 
 
 class InFlight:

@@ -25,7 +25,8 @@ class Wake(Message, frozen=True):
 
 
 class ComposeNode(Message, frozen=True):
-    """Compose a node now and answer its `Composed` (to the supervisor: route it to the node's actor)."""
+    """Compose a node now and answer its `Composed` (to the seat's mailbox for a host, `Runtime.ref`, which routes it
+    to the node's actor)."""
 
     node: str
 
@@ -43,11 +44,12 @@ class Crash(Message, frozen=True):
 
 
 class Status(Message, frozen=True):
-    """Ask the supervisor how it is: answered with a `SeatStatus`."""
+    """Ask the seat how it is (at `Runtime.ref`): answered with a `SeatStatus`."""
 
 
 class Stop(Message, frozen=True):
-    """Ask the supervisor to stop its own actors."""
+    """Ask the seat to stop (at `Runtime.ref`): answered at once, the seat stopped on a thread of its own, as
+    `Runtime.stop` does; `Runtime.failed` is done once it has."""
 
 
 class ChildExited(Message, frozen=True):
@@ -66,7 +68,7 @@ class Restart(Message, frozen=True):
 
 
 class SeatStatus(msgspec.Struct, frozen=True):
-    """How a supervisor is: its children, how many restarts each had, and whether it failed."""
+    """How a seat is: its supervisor's children, how many restarts each had, and whether it failed."""
 
     children: dict[str, bool]
     restarts: dict[str, int]

@@ -284,3 +284,25 @@ def test_a_write_that_failed_for_another_reason_than_a_conflict_is_made_again(me
     assert mesh.provision("bee.oldapp.postgres-database").state == r.RETIRING  # type: ignore[union-attr]
     assert mesh.provision("ace.gitea.postgres-database.main").state == r.PROVIDED  # type: ignore[union-attr]
     assert_fixed_point(mesh)
+
+
+def test_an_actor_that_does_not_stop_in_time_is_named_in_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    release = threading.Event()
+
+    class Busy(pykka.ThreadingActor):
+        def on_receive(self, message: Any) -> Any:
+            return release.wait(10)
+
+    ref = Busy.start()
+    try:
+        ref.tell("work")
+        with caplog.at_level("WARNING", logger="mesh_provisioner.actors"):
+            base.stop_actor(ref, 0.1)
+        assert any("did not stop within 0.1 s" in m and "Busy" in m for m in caplog.messages), caplog.messages
+    finally:
+        release.set()
+        ref.actor_stopped.wait(10)
+    assert not ref.is_alive()
+    with caplog.at_level("WARNING", logger="mesh_provisioner.actors"):
+        base.stop_actor(ref, 0.1)  # one stopped already: nothing to say
+    assert len([m for m in caplog.messages if "did not stop" in m]) == 1

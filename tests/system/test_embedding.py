@@ -29,6 +29,8 @@ import pytest
 from helpers import NatsServer, wait_until
 from seatbus import Bus, Seats, assert_fixed_point, load_sample, seat_config, settle
 
+from mesh_provisioner import supervisor
+from mesh_provisioner.actors.base import stop_actor
 from mesh_provisioner.bus.embedded import free_port
 from mesh_provisioner.bus.loop import EventLoopThread
 from mesh_provisioner.contract import WANTS
@@ -233,6 +235,36 @@ def test_a_stopped_seat_has_no_actor_left_in_the_registry_once_stop_returns(
     returned.set()
     assert isinstance(asked.get(timeout=10), SeatStatus)
     assert left == []
+
+
+def test_a_stop_asked_while_another_is_under_way_returns_once_the_seat_is_stopped(
+    mesh: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sup = Runtime.start(seat_config(mesh.url))
+    settle(sup)
+    stopping, go, returned = threading.Event(), threading.Event(), threading.Event()
+    left: list[list[Any]] = []
+
+    def held_up(ref: pykka.ActorRef[Any], timeout: float) -> None:
+        if not stopping.is_set():  # the first stop waits at its first actor until told to go on
+            stopping.set()
+            go.wait(10)
+        stop_actor(ref, timeout)
+
+    def second() -> None:
+        sup.stop()
+        left.append(pykka.ActorRegistry.get_all())
+        returned.set()
+
+    monkeypatch.setattr(supervisor, "stop_actor", held_up)
+    sup.ref.tell(Stop())  # a host's stop, done on a thread of the seat's own
+    assert stopping.wait(10)
+    threading.Thread(target=second, daemon=True).start()
+    returned.wait(2)  # a stop that does not wait for the one under way has returned by then
+    go.set()
+    assert returned.wait(20)
+    assert left == [[]]
+    assert sup.failed.result(timeout=10) == ""
 
 
 def test_a_host_closing_its_connection_is_noticed_by_the_seat(mesh: Bus, host_loop: EventLoopThread) -> None:
