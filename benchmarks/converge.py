@@ -113,7 +113,8 @@ def put_limit(url: str, n: int, windows: tuple[int, ...] = (100, 250, 500, 1000,
 
 def stop_cleanly_on_sigterm() -> None:
     """Have SIGTERM (a `timeout`, a CI job cancelled) unwind the run as an exception does, so that each nats-server it
-    started stops with it: the server runs in a session of its own and would outlive a run killed outright."""
+    started stops in order and its store in a temporary directory is removed: a run killed outright takes its servers
+    with it (bus/embedded.py has the kernel kill them), but leaves their stores behind."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
