@@ -5,7 +5,8 @@ interpreter in a virtualenv, else one on PATH (Debian's `nats-server` works too)
 with JetStream in a store of its own.
 
 Every server dies with the process that started it, however that process ends (on Linux: `PR_SET_PDEATHSIG`), so a
-killed test run, demo or fault run leaves no server behind.
+killed test run, demo or fault run leaves no server behind; and the temporary store it leaves is removed by the next
+server started on the machine (`TemporaryStore`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import concurrent.futures
 import contextlib
 import ctypes
 import ctypes.util
+import fcntl
 import functools
 import logging
 import os
@@ -25,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -36,6 +39,8 @@ class NoServer(RuntimeError):
 
 
 SERVER_ENV = "MESH_PROVISIONER_NATS_SERVER"
+STORE_PREFIX = "mesh-provisioner-nats-"  # a temporary store's directory, in the system's temporary directory
+OWNER = ".owner"  # the file in it whose lock its owner holds while it lives
 
 
 def server_binary() -> str:
@@ -143,6 +148,54 @@ def _stopped(pid: int) -> bool:
     return True
 
 
+class TemporaryStore:
+    """A server's store in a temporary directory, removed by `close`, or by the next one made on the machine once its
+    owner is gone without closing it (killed, or exited at once on a second signal).
+
+    Its owner holds an exclusive lock on the store's `OWNER` file while it lives; the kernel lets go of it however
+    the owner ends, so a lock that can be taken means the owner is gone. Process ids cannot say so: a container
+    sharing the temporary directory counts them apart, and they are used again.
+    """
+
+    def __init__(self) -> None:
+        root = Path(tempfile.gettempdir())
+        self.sweep(root)
+        self.path = Path(tempfile.mkdtemp(prefix=STORE_PREFIX, dir=root))
+        # Locked under another name, then renamed: a sweep never finds an `OWNER` not locked yet.
+        making = self.path / (OWNER + ".new")
+        fd = os.open(making, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        making.rename(self.path / OWNER)
+        # Removed by `close`, else as the interpreter exits, as `tempfile.TemporaryDirectory` is.
+        self._remove = weakref.finalize(self, self._removed, self.path, fd)
+
+    @staticmethod
+    def sweep(root: Path) -> None:
+        """Remove the stores in `root` whose owner is gone."""
+        for path in root.glob(STORE_PREFIX + "*"):
+            try:
+                fd = os.open(path / OWNER, os.O_RDWR)
+            except OSError:  # another user's, one made before stores had owners, or one being removed
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # its owner lives
+                continue
+            finally:
+                os.close(fd)
+            log.info("removing %s: the process that made it is gone", path)
+            shutil.rmtree(path, ignore_errors=True)
+
+    def close(self) -> None:
+        """Remove the store."""
+        self._remove()
+
+    @staticmethod
+    def _removed(path: Path, fd: int) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+        os.close(fd)
+
+
 class EmbeddedServer:
     """One nats-server with JetStream on 127.0.0.1; restartable on the same port and store.
 
@@ -151,8 +204,8 @@ class EmbeddedServer:
 
     def __init__(self, store: Path | None = None, port: int = 0, *, config: Path | None = None,
                  jetstream: bool = True) -> None:
-        self._tmp = None if store is not None else tempfile.TemporaryDirectory(prefix="mesh-provisioner-nats-")
-        self.store = store if store is not None else Path(self._tmp.name if self._tmp else ".")
+        self._tmp = TemporaryStore() if store is None else None
+        self.store = self._tmp.path if self._tmp is not None else store or Path(".")
         self.port = port or free_port()
         self.config = config
         self.jetstream = jetstream
@@ -252,7 +305,7 @@ class EmbeddedServer:
         """Stop the server and remove its store when it is a temporary one."""
         self.stop()
         if self._tmp is not None:
-            self._tmp.cleanup()
+            self._tmp.close()
 
     def __enter__(self) -> EmbeddedServer:
         return self.start()

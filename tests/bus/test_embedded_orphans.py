@@ -7,10 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 from helpers import wait_until
+
+from mesh_provisioner.bus import embedded
+from mesh_provisioner.bus.embedded import TemporaryStore
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,3 +71,49 @@ def test_the_server_dies_with_its_owner(tmp_path: Path, how: signal.Signals, sta
         if pid and alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+# A store's owner: makes a temporary store, says where, then exits as told (after a line on stdin).
+STORE_OWNER = """
+import os, signal, sys
+from mesh_provisioner.bus.embedded import TemporaryStore
+
+store = TemporaryStore()
+print(store.path, flush=True)
+sys.stdin.readline()
+if sys.argv[1] == "killed":
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_store_left_by_a_killed_owner_is_removed_by_the_next_one_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
+
+    def owner(how: str) -> tuple[subprocess.Popen[str], Path]:
+        proc = subprocess.Popen([sys.executable, "-c", STORE_OWNER, how], cwd=ROOT, env=env, text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert proc.stdout is not None
+        return proc, Path(proc.stdout.readline().strip())
+
+    killed, left = owner("killed")
+    exits, removed_at_exit = owner("exits")
+    try:
+        assert left.parent == tmp_path and (left / embedded.OWNER).is_file()
+        TemporaryStore().close()
+        assert left.is_dir() and removed_at_exit.is_dir(), "a store whose owner lives was removed"
+        killed.communicate("\n", timeout=30)
+        exits.communicate("\n", timeout=30)
+        assert killed.returncode == -signal.SIGKILL and exits.returncode == 0
+        assert left.is_dir() and not removed_at_exit.exists()  # an exit without close removes it, as before
+        made = TemporaryStore()
+        assert not left.exists(), "the store of a killed owner was left"
+        assert made.path.is_dir()
+        made.close()
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        for proc in (killed, exits):
+            proc.kill()
+            proc.wait()
