@@ -39,14 +39,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks import partitioned, steady
 from benchmarks.harness import SeatProcess
 from benchmarks.mesh import generate
+from faults.scale import SATURATION
 from mesh_provisioner.bus.embedded import EmbeddedServer, free_port
 
 log = logging.getLogger("faults.soak")
 
-# The saturation of one seat process on the 1,000-node mesh, on the 2-core machine of docs/BENCHMARKS.md: 200 changes
-# a second ("Scale-out", one process with `--shards 64`, from `python -m benchmarks.converge --nodes 1000` at 3870296).
-# The soak runs at half of it unless told another rate (`--soak-rate`; 0 measures the saturation first).
-SATURATION = 200.0
+# The soak runs at half one seat process's saturation (faults/scale.py) unless told another rate (`--soak-rate`; 0
+# measures the saturation first).
 RATE = SATURATION / 2
 NODES = 1000
 SHARDS = partitioned.SHARDS
