@@ -296,39 +296,44 @@ class Runtime:
 
     def _gave_up(self, failed: Future[str]) -> None:
         """The supervisor gave up (past its restart intensity): the bus is let go too, off the thread that said so."""
-        if failed.result():
+        if failed.result() and not self._closed:  # closed: the runtime's own stop said why, and lets the bus go
             threading.Thread(target=self._shut_down, args=(10.0, failed.result()), daemon=True).start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop this seat's own actors, in reverse order of start, and its connection if it made it."""
+        """Stop this seat's own actors, in reverse order of start, and its connection if it made it; each within
+        `timeout`. Returns once the seat is stopped."""
         self._shut_down(timeout, why="")
 
     def _shut_down(self, timeout: float, why: str) -> None:
         """Stop every actor in reverse order and the connection this made; then `failed` says why ("": asked to).
 
         Once: a stop asked while another is under way (a host's `Stop`, the supervisor giving up, the connection
-        closed for good) returns when that one has, `timeout` seconds at most, as any stop returns once the seat is
-        stopped."""
+        closed for good) returns when that one has, which its own timeouts bound."""
         with self._node_lock:
             first, self._closed = not self._closed, True
         if not first:
-            futures.wait([self.failed], timeout)
+            futures.wait([self.failed])
             return
         try:
             self.supervisor.stop(timeout, why)
             # Off its thread: a host's `Stop` is done on a thread of its own (actors/host.py).
             stop_actor(self.ref, timeout)
-            link(self.nc).remove_listener(self._connection_closed)
-            try:
-                self.loop.run(self.cache.stop(), timeout)
-            except Exception as err:  # the bus may be gone already: the actors are stopped, which is what counts
-                log.debug("the cache did not stop cleanly: %s", err)
-            # On a host's connection nothing of this seat stays subscribed: a seat started again on it (a standby
-            # taking the lease back) would hear the router twice, and this one would be kept alive.
-            self.attachment.close(timeout, self._subs)
         finally:
-            if not self.failed.done():
-                self.failed.set_result(self.supervisor.failed.result() if self.supervisor.failed.done() else why)
+            # The bus is let go whatever cut the actors' stop short (a signal's Interrupted, in a process's main
+            # thread): a later stop only waits for this one.
+            try:
+                link(self.nc).remove_listener(self._connection_closed)
+                try:
+                    self.loop.run(self.cache.stop(), timeout)
+                except Exception as err:  # the bus may be gone already: the actors are stopped, which is what counts
+                    log.debug("the cache did not stop cleanly: %s", err)
+                # On a host's connection nothing of this seat stays subscribed: a seat started again on it (a standby
+                # taking the lease back) would hear the router twice, and this one would be kept alive.
+                self.attachment.close(timeout, self._subs)
+            finally:
+                if not self.failed.done():
+                    failed = self.supervisor.failed
+                    self.failed.set_result(failed.result() if failed.done() else why)
 
     # ---- the seat the actors work in ------------------------------------------------------------------------
 

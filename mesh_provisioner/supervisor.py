@@ -175,13 +175,14 @@ class Supervisor:
     # ---- stopping -------------------------------------------------------------------------------------------
 
     def stop(self, timeout: float = 10.0, why: str = "") -> bool:
-        """Stop every child in reverse order of start, then `failed` says why ("": asked to). A stop asked while
-        another is under way returns False once that one is done (`timeout` seconds at most)."""
+        """Stop every child in reverse order of start, each within `timeout`, then `failed` says why ("": asked to).
+        A stop asked while another is under way returns False once that one is done (it is bounded by its own
+        timeouts: the giving up's reason stands)."""
         with self._lock:
             first, self.stopping = not self.stopping, True
             refs = [self._refs[n] for n in reversed(self._order) if n in self._refs]
         if not first:
-            futures.wait([self.failed], timeout)
+            futures.wait([self.failed])
             return False
         try:
             for ref in refs:

@@ -110,14 +110,13 @@ class ActorKilled(RuntimeError):
 
 def stop_actor(ref: pykka.ActorRef[Any], timeout: float) -> None:
     """Stop an actor and wait, `timeout` seconds at most, until it has: once this returns it is out of pykka's
-    registry, so a seat stopped leaves no actor of its own behind in its host's (design.md, "Supervision"). An actor
-    stopped already is not an error. Never called on the actor's own thread, where it would wait the whole timeout."""
+    registry, so a seat stopped leaves no actor of its own behind in its host's (design.md, "Supervision"). One
+    stopped already is not an error (pykka answers False). Never called on the actor's own thread, where it would
+    wait the whole timeout."""
     try:
         ref.stop(block=True, timeout=timeout)
-    except pykka.ActorDeadError:
-        pass
     except pykka.Timeout:
-        log.warning("%s did not stop within %g s: it stops once its message in hand is done", ref, timeout)
+        log.warning("%s did not stop within %g s: it stops once it has handled what it was sent before", ref, timeout)
 
 
 class InFlight:

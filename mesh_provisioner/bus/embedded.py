@@ -166,8 +166,9 @@ class TemporaryStore:
         fd = os.open(making, os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
         making.rename(self.path / OWNER)
-        # Removed by `close`, else as the interpreter exits, as `tempfile.TemporaryDirectory` is.
-        self._remove = weakref.finalize(self, self._removed, self.path, fd)
+        # Removed by `close`, else as the interpreter exits, as `tempfile.TemporaryDirectory` is; by this process only
+        # (a child forked without exec that exits runs the finalizer too).
+        self._remove = weakref.finalize(self, self._removed, self.path, fd, os.getpid())
 
     @staticmethod
     def sweep(root: Path) -> None:
@@ -191,8 +192,9 @@ class TemporaryStore:
         self._remove()
 
     @staticmethod
-    def _removed(path: Path, fd: int) -> None:
-        shutil.rmtree(path, ignore_errors=True)
+    def _removed(path: Path, fd: int, owner: int) -> None:
+        if os.getpid() == owner:
+            shutil.rmtree(path, ignore_errors=True)
         os.close(fd)
 
 
@@ -204,8 +206,11 @@ class EmbeddedServer:
 
     def __init__(self, store: Path | None = None, port: int = 0, *, config: Path | None = None,
                  jetstream: bool = True) -> None:
-        self._tmp = TemporaryStore() if store is None else None
-        self.store = self._tmp.path if self._tmp is not None else store or Path(".")
+        self._tmp: TemporaryStore | None = None
+        if store is None:
+            self._tmp = TemporaryStore()
+            store = self._tmp.path
+        self.store = store
         self.port = port or free_port()
         self.config = config
         self.jetstream = jetstream

@@ -252,7 +252,7 @@ def test_a_stop_asked_while_another_is_under_way_returns_once_the_seat_is_stoppe
         stop_actor(ref, timeout)
 
     def second() -> None:
-        sup.stop()
+        sup.stop(0.5)  # its timeout bounds its own actors' stops: it waits for the first stop however long that takes
         left.append(pykka.ActorRegistry.get_all())
         returned.set()
 
@@ -265,6 +265,26 @@ def test_a_stop_asked_while_another_is_under_way_returns_once_the_seat_is_stoppe
     assert returned.wait(20)
     assert left == [[]]
     assert sup.failed.result(timeout=10) == ""
+
+
+def test_a_stop_cut_short_by_an_exception_still_lets_the_bus_go(mesh: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    sup = Runtime.start(seat_config(mesh.url))
+    settle(sup)
+    stop_children = sup.supervisor.stop
+
+    def cut_short(timeout: float, why: str = "") -> bool:
+        stop_children(timeout, why)
+        raise KeyboardInterrupt  # as a signal's Interrupted, raised in a process's main thread during its stop
+
+    monkeypatch.setattr(sup.supervisor, "stop", cut_short)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sup.stop()
+        assert sup.nc.is_closed and not seat_threads()
+        assert sup.failed.result(timeout=1) == ""
+        sup.stop()  # a later stop finds the seat stopped
+    finally:
+        stop_actor(sup.ref, 10)
 
 
 def test_a_host_closing_its_connection_is_noticed_by_the_seat(mesh: Bus, host_loop: EventLoopThread) -> None:
