@@ -22,8 +22,9 @@ from types import MappingProxyType
 from typing import Final
 
 # One seat process's saturation, changes a second (docs/BENCHMARKS.md, "the most changes a second the seat
-# sustains with its backlog bounded"), when the goal's pace and the soak's rate were set (`python -m
-# benchmarks.converge --nodes 1000` at 3870296, on the 2-core machine of those figures); both flow at half of it.
+# sustains with its backlog bounded"), when the goal's pace and the soak's rate were set (benchmarks/partitioned.py, run
+# by `python -m benchmarks.converge --nodes 1000` at 3870296, on the 2-core machine of those figures); both flow at
+# half of it.
 # Kept, not followed: the figures of every scenario and of the soak were measured at that pace.
 SATURATION: Final = 200.0
 SATURATION_SOURCE: Final = ("docs/BENCHMARKS.md: one seat process saturated at 200 changes a second on the "

@@ -265,8 +265,9 @@ def soak(minutes: float, *, rate: float = RATE, nodes: int = NODES, interval: fl
                 rate = saturation / 2
                 out["rate_source"] = f"half the saturation measured first ({saturation:.0f} changes/s)"
             else:
-                out["rate_source"] = (f"half the saturation of one seat process on 1,000 nodes, {SATURATION:g} a "
-                                      "second, in docs/BENCHMARKS.md" if rate == RATE else "asked for (--soak-rate)")
+                out["rate_source"] = (f"half the saturation of one seat process on 1,000 nodes when this rate was "
+                                      f"set, {SATURATION:g} a second (docs/BENCHMARKS.md; 250 in its later runs)"
+                                      if rate == RATE else "asked for (--soak-rate)")
             out["rate"] = rate
             log.info("soak: %d nodes, %.0f changes/s for %g minute(s), a sample every %g s, judged after %.0f s",
                      nodes, rate, minutes, interval, judged_after)
