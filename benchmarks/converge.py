@@ -37,7 +37,6 @@ import asyncio
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import time
@@ -57,6 +56,7 @@ from benchmarks.harness import (
     provision_states_of,
     put_states,
     reset,
+    stop_cleanly_on_sigterm,
     summary,
 )
 from benchmarks.mesh import generate, load
@@ -109,13 +109,6 @@ def put_limit(url: str, n: int, windows: tuple[int, ...] = (100, 250, 500, 1000,
 
 
 # ---- the run ------------------------------------------------------------------------------------------------------
-
-
-def stop_cleanly_on_sigterm() -> None:
-    """Have SIGTERM (a `timeout`, a CI job cancelled) unwind the run as an exception does, so that each nats-server it
-    started stops in order and its store in a temporary directory is removed: a run killed outright takes its servers
-    with it (bus/embedded.py has the kernel kill them), but leaves their stores behind."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
 def machine() -> dict[str, Any]:

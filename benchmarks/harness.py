@@ -7,11 +7,15 @@ import asyncio
 import contextlib
 import json
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, Final
 
 import nats
 import nats.js.errors
@@ -20,6 +24,33 @@ from benchmarks import steady
 from mesh_provisioner.contract import bucket
 
 ROOT = Path(__file__).resolve().parent.parent
+# How long a driver stopped by SIGTERM may take to clean up before it exits anyway (`stop_cleanly_on_sigterm`).
+CLEAN_UP_GRACE: Final = 60.0
+
+
+def stop_cleanly_on_sigterm(grace: float = CLEAN_UP_GRACE) -> None:
+    """Have SIGTERM (a `timeout`, a CI job cancelled) unwind a driver's run as an exception does, so that each
+    nats-server and seat process it started stops in order and each store is removed; past `grace` seconds of that
+    clean-up the process exits anyway.
+
+    The exception is raised wherever the main thread is, inside a library's lock bookkeeping too, where it can leave
+    a lock taken and the clean-up waiting for it for ever: a watchdog thread bounds that. The handler only puts on a
+    queue, whose put is reentrant, and takes no lock. A driver that exits so still leaves nothing running: its
+    servers die with it, and their stores are removed by the next one made (mesh_provisioner/bus/embedded.py)."""
+    told: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+    def watch() -> None:
+        signum = told.get()
+        time.sleep(grace)  # the clean-up's time: its end ends the process, and this daemon thread with it
+        os.write(2, f"the clean-up did not end within {grace:g} s of the signal: exiting\n".encode())
+        os._exit(128 + signum)
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        told.put(signum)
+        sys.exit(128 + signum)
+
+    threading.Thread(target=watch, name="sigterm-watchdog", daemon=True).start()
+    signal.signal(signal.SIGTERM, handle)
 
 
 async def _reset(url: str) -> None:

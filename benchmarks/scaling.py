@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.converge import SEED, machine, stop_cleanly_on_sigterm
-from benchmarks.harness import SeatProcess, log
+from benchmarks.converge import SEED, machine
+from benchmarks.harness import SeatProcess, log, stop_cleanly_on_sigterm
 from benchmarks.mesh import generate, load
 from mesh_provisioner.bus.embedded import EmbeddedServer
 

@@ -27,7 +27,6 @@ import logging
 import os
 import platform
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import stop_cleanly_on_sigterm
 from faults import soak
 from faults.report import render
 from faults.scale import SATURATION_SOURCE, SCALES, Scale
@@ -195,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the scenarios asked for; 0 when nothing was lost."""
     args = parser().parse_args(argv)
     # Stopped from outside, the runner still stops the servers it started (each run's context managers close them).
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    stop_cleanly_on_sigterm()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     log.setLevel(logging.INFO)

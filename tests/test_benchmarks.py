@@ -66,7 +66,7 @@ def _servers_of(pid: int) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_a_benchmark_stopped_by_sigterm_stops_the_server_it_started(tmp_path: Path) -> None:
-    # The server runs in a session of its own: the benchmark stops it itself when it is told to stop.
+    # The benchmark stops its server itself when it is told to stop, and its store is removed.
     run = subprocess.Popen([sys.executable, "-m", "benchmarks.scaling", "--quick", "--json", str(tmp_path / "s.json")],
                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -75,6 +75,38 @@ def test_a_benchmark_stopped_by_sigterm_stops_the_server_it_started(tmp_path: Pa
         assert run.wait(60) == 143
         wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in servers), timeout=15,
                    what="the benchmark's nats-server gone")
+    finally:
+        run.kill()
+        run.wait()
+
+
+# A driver whose clean-up never ends once SIGTERM unwinds it (a lock left taken, say); `argv[1]` is its grace.
+STUCK_DRIVER = """
+import sys, time
+from benchmarks.harness import stop_cleanly_on_sigterm
+
+stop_cleanly_on_sigterm(float(sys.argv[1]))
+print("running", flush=True)
+try:
+    while True:
+        time.sleep(0.01)
+finally:
+    print("cleaning up", flush=True)
+    while sys.argv[2] == "stuck":
+        time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("clean_up", ["ends", "stuck"])
+def test_a_driver_stopped_by_sigterm_exits_once_its_clean_up_ends_or_its_grace_is_over(clean_up: str) -> None:
+    run = subprocess.Popen([sys.executable, "-c", STUCK_DRIVER, "1", clean_up], cwd=ROOT, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert run.stdout is not None and run.stdout.readline() == "running\n"
+        run.terminate()
+        out, err = run.communicate(timeout=30)
+        assert run.returncode == 143 and out == "cleaning up\n"
+        assert ("did not end within 1 s" in err) == (clean_up == "stuck"), err
     finally:
         run.kill()
         run.wait()
