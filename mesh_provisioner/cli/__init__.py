@@ -43,6 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = 0
         try:
             code = run(args, config, signals.stop)
+            signals.stop.set()  # done: a signal from now on is late, and this outcome stands (show, load, dry runs)
         except Interrupted:
             pass  # said below, as when the command ended on `stop`
         except Refused as err:

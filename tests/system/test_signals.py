@@ -125,6 +125,29 @@ def test_a_second_signal_while_the_process_stops_exits_at_once() -> None:
     assert "SIGTERM again while stopping: exiting at once" in done.stderr
 
 
+# A command that did its work (`show`, say: nothing of it looks at `stop`), signalled as `main` leaves `Signals`.
+DONE_THEN_SIGNALLED = """
+import os, signal, sys
+import mesh_provisioner.cli as cli
+from mesh_provisioner.cli.process import Signals
+
+cli.run = lambda args, config, stop: 0
+leave = Signals.__exit__
+
+def signalled_then_left(self, *exc):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return leave(self, *exc)
+
+Signals.__exit__ = signalled_then_left
+sys.exit(cli.main(["show", "plans"]))
+"""
+
+
+def test_a_signal_once_a_command_did_its_work_leaves_its_outcome_as_it_was() -> None:
+    done = python(DONE_THEN_SIGNALLED)
+    assert done.returncode == 0 and "did not finish" not in done.stderr, done.stderr
+
+
 class Own(Signals):
     """Signals whose handlers take every frame for the package's own code."""
 
