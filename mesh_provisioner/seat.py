@@ -117,13 +117,16 @@ class Seat:
         self.metrics.seat_held.set_function(lambda: 1.0 if self.connected and self.lease.held else 0.0)
         # Served from the start: a process still connecting is alive (/healthz) and says what it waits for (/readyz).
         self.http: HttpEndpoint | None = None
-        if config.metrics_addr:
-            self.http = HttpEndpoint(config.metrics_addr, self.metrics.registry, healthy=self.healthy, ready=self.ready)
-        self.loop = EventLoopThread()
-        self.lease_loop = EventLoopThread(LEASE_CONNECTION)
-        self.metrics.count_tasks("bus", self.loop.loop)
-        self.metrics.count_tasks("lease", self.lease_loop.loop)
+        self.loop: EventLoopThread
+        self.lease_loop: EventLoopThread
         try:
+            if config.metrics_addr:
+                self.http = HttpEndpoint(config.metrics_addr, self.metrics.registry, healthy=self.healthy,
+                                         ready=self.ready)
+            self.loop = EventLoopThread()
+            self.lease_loop = EventLoopThread(LEASE_CONNECTION)
+            self.metrics.count_tasks("bus", self.loop.loop)
+            self.metrics.count_tasks("lease", self.lease_loop.loop)
             within = config.request_timeout * 3 if connect_within is None else connect_within
             wait = None if math.isinf(within) else within + config.request_timeout
             self.nc = self.loop.run(open_bus(config, within, self._said), wait)
@@ -322,5 +325,7 @@ class Seat:
         except Exception as err:  # closing on a bus that is gone: nothing left to give back
             log.debug("the seat did not close cleanly: %s", err)
         self.connected = False
-        self.lease_loop.stop()
-        self.loop.stop()
+        # What a start cut short made (a signal's Interrupted, a port taken): only that is there to stop.
+        for thread in (getattr(self, "lease_loop", None), getattr(self, "loop", None)):
+            if thread is not None:
+                thread.stop()

@@ -24,6 +24,7 @@ import nats.js.errors
 import pytest
 from helpers import NatsServer, free_port, stop, wait_until
 
+from mesh_provisioner import seat as seat_module
 from mesh_provisioner.bus.connection import ensure_buckets
 from mesh_provisioner.bus.lease import SeatLease
 from mesh_provisioner.bus.loader import load_states
@@ -475,3 +476,20 @@ def test_8_the_lease_says_since_when_its_holder_took_the_seat_not_when_it_last_r
     assert taken is not None and renewed is not None and again is not None
     assert taken.since is not None and renewed.since == taken.since
     assert again.since is not None and again.since > taken.since, "taken again: since then"
+
+
+def test_8_a_start_cut_short_stops_what_it_made_already(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[EventLoopThread] = []
+
+    def second_cut_short(*args: str) -> EventLoopThread:
+        if made:
+            raise KeyboardInterrupt  # as a signal's Interrupted, raised as the lease's loop is made
+        made.append(EventLoopThread(*args))
+        return made[0]
+
+    monkeypatch.setattr(seat_module, "EventLoopThread", second_cut_short)
+    addr = f"127.0.0.1:{free_port()}"
+    with pytest.raises(KeyboardInterrupt):
+        Seat(Config(nats=f"nats://127.0.0.1:{free_port()}", metrics_addr=addr))
+    assert made and not made[0].loop.is_running()
+    assert not [t.name for t in threading.enumerate() if t.name in ("mesh-provisioner-http", "mesh-provisioner-bus")]
