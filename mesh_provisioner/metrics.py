@@ -97,10 +97,17 @@ class HttpEndpoint:
             raise RuntimeError(f"cannot serve metrics on {addr}: {err.strerror or err}") from None
         self.port = self.server.server_port
         self.thread = threading.Thread(target=self.server.serve_forever, name="mesh-provisioner-http", daemon=True)
-        self.thread.start()
-        log.info("metrics and health on http://%s:%d", host or "127.0.0.1", self.port)
+        try:
+            self.thread.start()
+            log.info("metrics and health on http://%s:%d", host or "127.0.0.1", self.port)
+        except BaseException:
+            # Interrupted as it started (a signal's handler raises in the package's code): nothing else holds it.
+            self.stop()
+            raise
 
     def stop(self) -> None:
-        """Stop serving."""
-        self.server.shutdown()
+        """Stop serving; returns once the port is closed and the serving thread is done."""
+        if self.thread.ident is not None:  # shutdown waits for serve_forever, which only a started thread runs
+            self.server.shutdown()
+            self.thread.join(5.0)
         self.server.server_close()

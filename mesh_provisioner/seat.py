@@ -318,9 +318,11 @@ class Seat:
         try:
             if self.connected:
                 self.lease_loop.run(self.lease.give_back(), self.config.request_timeout)
-            connections = ((getattr(self, "lease_nc", None), self.lease_loop), (getattr(self, "nc", None), self.loop))
+            # Each connection exists only once its loop does (a start cut short made neither, or only the loops).
+            connections = ((getattr(self, "lease_nc", None), getattr(self, "lease_loop", None)),
+                           (getattr(self, "nc", None), getattr(self, "loop", None)))
             for nc, loop in connections:
-                if nc is not None:
+                if nc is not None and loop is not None:
                     loop.run(nc.close(), self.config.request_timeout)
         except Exception as err:  # closing on a bus that is gone: nothing left to give back
             log.debug("the seat did not close cleanly: %s", err)

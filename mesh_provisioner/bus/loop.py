@@ -45,8 +45,16 @@ class EventLoopThread:
         self._thread = threading.Thread(
             target=self._serve, args=(started,), name=name, daemon=True
         )
-        self._thread.start()
-        started.wait()
+        try:
+            self._thread.start()
+            started.wait()
+        except BaseException:
+            # Interrupted as it started (a signal's handler raises in the package's code, cli/process.py): the loop
+            # stops with it, for nothing else holds it yet.
+            if self._thread.ident is not None:
+                started.wait(5.0)
+                self.stop()
+            raise
 
     @classmethod
     def adopt(cls, loop: asyncio.AbstractEventLoop) -> EventLoopThread:

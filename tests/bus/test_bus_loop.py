@@ -132,3 +132,28 @@ def test_an_adopted_loop_is_neither_started_nor_stopped_by_it() -> None:
         adopted.stop()
         assert host.loop.is_running()
         assert host.run(answer(), 5) == 42
+
+
+def test_a_loop_interrupted_as_it_starts_stops_its_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[threading.Event] = []
+
+    class Interrupted(threading.Event):
+        """The start's wait, left by a signal's exception just as the loop runs."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            made.append(self)
+
+        def wait(self, timeout: float | None = None) -> bool:
+            if timeout is None:
+                super().wait(10)
+                raise KeyboardInterrupt
+            return super().wait(timeout)
+
+    before = set(threading.enumerate())
+    monkeypatch.setattr(threading, "Event", Interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        EventLoopThread("cut-short")
+    monkeypatch.undo()
+    assert made and made[0].is_set(), "the loop never ran"
+    assert not [t.name for t in set(threading.enumerate()) - before if t.name == "cut-short"]

@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -23,7 +24,9 @@ import nats
 import nats.js.errors
 import pytest
 from helpers import NatsServer, free_port, stop, wait_until
+from prometheus_client import CollectorRegistry
 
+from mesh_provisioner import metrics
 from mesh_provisioner import seat as seat_module
 from mesh_provisioner.bus.connection import ensure_buckets
 from mesh_provisioner.bus.lease import SeatLease
@@ -488,8 +491,25 @@ def test_8_a_start_cut_short_stops_what_it_made_already(monkeypatch: pytest.Monk
         return made[0]
 
     monkeypatch.setattr(seat_module, "EventLoopThread", second_cut_short)
-    addr = f"127.0.0.1:{free_port()}"
+    port = free_port()
     with pytest.raises(KeyboardInterrupt):
-        Seat(Config(nats=f"nats://127.0.0.1:{free_port()}", metrics_addr=addr))
+        Seat(Config(nats=f"nats://127.0.0.1:{free_port()}", metrics_addr=f"127.0.0.1:{port}"))
     assert made and not made[0].loop.is_running()
-    assert not [t.name for t in threading.enumerate() if t.name in ("mesh-provisioner-http", "mesh-provisioner-bus")]
+    with socket.socket() as taken:  # the metrics endpoint no longer listens
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", port))
+
+
+def test_8_a_metrics_endpoint_interrupted_as_it_starts_closes_its_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt  # as a signal's Interrupted, raised once its thread started
+
+    monkeypatch.setattr(metrics.log, "info", interrupted)
+    port = free_port()
+    before = set(threading.enumerate())
+    with pytest.raises(KeyboardInterrupt):
+        metrics.HttpEndpoint(f"127.0.0.1:{port}", CollectorRegistry(), healthy=str, ready=str)
+    assert not [t for t in set(threading.enumerate()) - before if t.name == "mesh-provisioner-http"]
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", port))
