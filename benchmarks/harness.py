@@ -35,9 +35,11 @@ def stop_cleanly_on_sigterm(grace: float = CLEAN_UP_GRACE) -> None:
 
     The exception is raised wherever the main thread is, inside a library's lock bookkeeping too, where it can leave
     a lock taken and the clean-up waiting for it for ever: a watchdog thread bounds that. The handler only puts on a
-    queue, whose put is reentrant, and takes no lock. A driver that exits so still leaves nothing running: its
-    servers die with it, and their stores are removed by the next one made (mesh_provisioner/bus/embedded.py)."""
+    queue, whose put is reentrant, and takes no lock; a second SIGTERM does not cut the clean-up short. A driver that
+    exits so still leaves nothing running: its servers die with it, and their stores are removed by the next one made
+    (mesh_provisioner/bus/embedded.py)."""
     told: queue.SimpleQueue[int] = queue.SimpleQueue()
+    signalled: list[int] = []
 
     def watch() -> None:
         signum = told.get()
@@ -46,6 +48,9 @@ def stop_cleanly_on_sigterm(grace: float = CLEAN_UP_GRACE) -> None:
         os._exit(128 + signum)
 
     def handle(signum: int, frame: FrameType | None) -> None:
+        if signalled:  # another while cleaning up: the clean-up goes on, the watchdog bounds it
+            return
+        signalled.append(signum)
         told.put(signum)
         sys.exit(128 + signum)
 

@@ -86,8 +86,8 @@ import sys, time
 from benchmarks.harness import stop_cleanly_on_sigterm
 
 stop_cleanly_on_sigterm(float(sys.argv[1]))
-print("running", flush=True)
 try:
+    print("running", flush=True)  # inside the try: the signal the test sends on reading it unwinds through it
     while True:
         time.sleep(0.01)
 finally:
