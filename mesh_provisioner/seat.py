@@ -315,17 +315,21 @@ class Seat:
         if self.http is not None:
             self.http.stop()
             self.http = None
-        try:
-            if self.connected:
+        # Each step on its own: on a bus that is gone one fails, and the others are still owed.
+        if self.connected:
+            try:
                 self.lease_loop.run(self.lease.give_back(), self.config.request_timeout)
-            # Each connection exists only once its loop does (a start cut short made neither, or only the loops).
-            connections = ((getattr(self, "lease_nc", None), getattr(self, "lease_loop", None)),
-                           (getattr(self, "nc", None), getattr(self, "loop", None)))
-            for nc, loop in connections:
-                if nc is not None and loop is not None:
+            except Exception as err:  # nothing left to give back
+                log.debug("the lease was not given back: %s", err)
+        # Each connection exists only once its loop does (a start cut short made neither, or only the loops).
+        connections = ((getattr(self, "lease_nc", None), getattr(self, "lease_loop", None)),
+                       (getattr(self, "nc", None), getattr(self, "loop", None)))
+        for nc, loop in connections:
+            if nc is not None and loop is not None:
+                try:
                     loop.run(nc.close(), self.config.request_timeout)
-        except Exception as err:  # closing on a bus that is gone: nothing left to give back
-            log.debug("the seat did not close cleanly: %s", err)
+                except Exception as err:
+                    log.debug("the NATS connection %s did not close cleanly: %s", nc.options.get("name"), err)
         self.connected = False
         # What a start cut short made (a signal's Interrupted, a port taken): only that is there to stop.
         for thread in (getattr(self, "lease_loop", None), getattr(self, "loop", None)):

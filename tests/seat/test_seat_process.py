@@ -513,3 +513,16 @@ def test_8_a_metrics_endpoint_interrupted_as_it_starts_closes_its_port(monkeypat
     with socket.socket() as taken:
         taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         taken.bind(("127.0.0.1", port))
+
+
+def test_8_a_connection_that_does_not_close_cleanly_leaves_the_other_to_be_closed(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = Seat(Config(nats=nats_server.url, lease_seconds=LEASE))
+
+    async def fails() -> None:
+        raise OSError("the socket is gone")
+
+    monkeypatch.setattr(held.lease_nc, "close", fails)
+    held.close()
+    assert held.nc.is_closed
