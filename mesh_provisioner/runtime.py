@@ -190,15 +190,19 @@ class Runtime:
         owns = self.writes_on
         return self._kept is None or state not in self._by_node or (bool(node) and owns is not None and owns(node))
 
-    def took(self, nodes: Callable[[str], bool], ready: Callable[[], None] = lambda: None) -> None:
+    def took(
+        self, nodes: Callable[[str], bool], ready: Callable[[], None] = lambda: None,
+        abandon: Callable[[], bool] | None = None,
+    ) -> None:
         """Shards were taken (contract 8.1): what is kept of their nodes is read again (what came before they were
         taken was not kept), `ready` is told so (from then on `owns` says their nodes: composed before, they would be
         judged from what memory missed and written wrong), then the nodes `nodes` says are composed and their keys
         judged from the bus, as a restart would; the registry and the retired needs are written when the first shard
         is among them. Reading them again is waited for while it makes headway (TimeoutError once it makes none for
-        `Config.load_stall`): some 4 million provisions at 100,000 nodes take minutes."""
+        `Config.load_stall`): some 4 million provisions at 100,000 nodes take minutes. Once `abandon` answers True
+        (the holding ended meanwhile), the read is cancelled and `Abandoned` raised, nothing handed over."""
         if self.writes_on is not None:
-            self.loop.run(self.cache.reload(self._by_node, stall=self.config.load_stall), None)
+            self.loop.run(self.cache.reload(self._by_node, stall=self.config.load_stall), None, abandon=abandon)
         ready()
         self._first_shard()
         for name in self.supervisor.children():

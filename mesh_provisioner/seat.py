@@ -27,7 +27,7 @@ from mesh_provisioner.bus.connection import (
     open_bus,
 )
 from mesh_provisioner.bus.lease import SeatLease
-from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.bus.loop import Abandoned, EventLoopThread
 from mesh_provisioner.bus.shards import ShardLeases
 from mesh_provisioner.bus.verb import serve_verb
 from mesh_provisioner.collector import Freezer
@@ -99,6 +99,8 @@ class LeaseKeeper:
 
 class Seat:
     """One seat process: a connection, its lease, and a supervisor while the lease is held."""
+
+    _closed = False  # `close` was called: a start cut short closes what it made, before `__init__` could say so
 
     def __init__(self, config: Config, *, on_hold: Callable[[Runtime | None], None] | None = None,
                  connect_within: float | None = None) -> None:
@@ -257,7 +259,12 @@ class Seat:
                 if taken:
                     ready = functools.partial(self._ready, taken) if shards is not None else (lambda: None)
                     try:
-                        sup.took(in_shards(taken, self.lease.shards), ready)
+                        # Reading the taken shards' keys again takes minutes at 100,000 nodes: a stop, a lease lost or
+                        # the supervisor given up meanwhile ends it, and holding with it (said at the loop's head).
+                        sup.took(in_shards(taken, self.lease.shards), ready,
+                                 abandon=lambda: stop.is_set() or keeper.lost.is_set() or sup.failed.done())
+                    except Abandoned:
+                        continue
                     except TimeoutError as err:  # the bus gone quiet while the taken shards were read and handed over
                         why = f"the shards taken were not taken over: {err}"
                         break
@@ -311,7 +318,11 @@ class Seat:
             self.close()
 
     def close(self) -> None:
-        """Give the lease back, close the connection, stop serving metrics."""
+        """Give the lease back, close the connection, stop serving metrics; once (`serve` closes the seat it served,
+        and its host may too)."""
+        if self._closed:
+            return
+        self._closed = True
         if self.http is not None:
             self.http.stop()
             self.http = None

@@ -14,7 +14,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Final, TypeVar
 
 log = logging.getLogger("mesh_provisioner.bus.loop")
@@ -28,6 +28,11 @@ SLICE: Final = 0.05
 # (about `EventLoopThread.stop`'s wait).
 GRACE: Final = 1.0
 CANCELS: Final = 100
+
+
+class Abandoned(Exception):
+    """A wait on the bus loop given up because what it was for ended meanwhile (`EventLoopThread.run`'s `abandon`);
+    the coroutine waited for was cancelled."""
 
 
 class EventLoopThread:
@@ -86,12 +91,16 @@ class EventLoopThread:
         """Schedule a coroutine on the loop from any thread; answers its future without waiting."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
+    def run(
+        self, coro: Coroutine[Any, Any, T], timeout: float | None, *, abandon: Callable[[], bool] | None = None
+    ) -> T:
         """Run a coroutine on the loop from another thread and wait for its result at most `timeout` seconds (None:
         until it ends; a signal's handler that raises still interrupts the wait).
 
-        Past the timeout the coroutine is cancelled and TimeoutError is raised, naming it. Called on the loop's
-        own thread this would wait for itself forever, so it raises RuntimeError instead.
+        Past the timeout the coroutine is cancelled and TimeoutError is raised, naming it. `abandon` is asked every
+        `SLICE` of the wait: once it answers True, the coroutine is cancelled and `Abandoned` raised (a long read
+        whose result nobody waits for any more). Called on the loop's own thread this would wait for itself forever,
+        so it raises RuntimeError instead.
         """
         if self.in_loop():
             coro.close()
@@ -105,13 +114,15 @@ class EventLoopThread:
         try:
             future = self.submit(coro)
             future.add_done_callback(lambda _: ended.release())
-            finished = _acquired(ended, timeout)
+            finished = _acquired(ended, timeout, abandon)
         except BaseException:
             # The wait itself was interrupted (a signal's handler raised, Ctrl-C): what it waited for stops too.
             if future is not None:
                 future.cancel()
             raise
         if not finished and future.cancel():  # not cancelled: it ended just now
+            if abandon is not None and abandon():
+                raise Abandoned(f"{name} was abandoned on the bus loop and cancelled")
             raise TimeoutError(f"{name} did not finish within {timeout} s on the bus loop; it was cancelled")
         return future.result()
 
@@ -161,14 +172,14 @@ class EventLoopThread:
             log.debug("the bus loop is closed")
 
 
-def _acquired(lock: threading.Lock, timeout: float | None) -> bool:
-    """Acquire `lock` within `timeout` seconds (None: however long it takes), in waits of `SLICE` at most: a lock's
-    wait does not look for a signal that came just before it began, and one that comes in a slice's end is handled
-    there (cli/process.py `Signals`)."""
+def _acquired(lock: threading.Lock, timeout: float | None, abandon: Callable[[], bool] | None = None) -> bool:
+    """Acquire `lock` within `timeout` seconds (None: however long it takes) unless `abandon` answers True first, in
+    waits of `SLICE` at most: a lock's wait does not look for a signal that came just before it began, and one that
+    comes in a slice's end is handled there (cli/process.py `Signals`)."""
     deadline = math.inf if timeout is None else time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
         if lock.acquire(timeout=max(0.0, min(left, SLICE))):
             return True
-        if left <= SLICE:
+        if left <= SLICE or (abandon is not None and abandon()):
             return False

@@ -9,7 +9,7 @@ import time
 import pytest
 from helpers import wait_until
 
-from mesh_provisioner.bus.loop import EventLoopThread
+from mesh_provisioner.bus.loop import Abandoned, EventLoopThread
 
 
 def test_run_answers_the_result_on_the_loop_thread(loop: EventLoopThread) -> None:
@@ -33,6 +33,24 @@ def test_run_past_its_timeout_cancels_and_raises_timeout_error(loop: EventLoopTh
     with pytest.raises(TimeoutError, match=r"did not finish within 0\.05 s"):
         loop.run(forever(), 0.05)
     wait_until(cancelled.is_set, 5, what="the timed-out coroutine cancelled")
+
+
+def test_run_abandoned_while_it_waits_cancels_and_raises_abandoned(loop: EventLoopThread) -> None:
+    cancelled = threading.Event()
+    ended = threading.Event()  # what the wait was for (a seat's holding) ended
+
+    async def forever() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    threading.Timer(0.2, ended.set).start()
+    with pytest.raises(Abandoned, match="forever was abandoned"):
+        loop.run(forever(), None, abandon=ended.is_set)
+    wait_until(cancelled.is_set, 5, what="the abandoned coroutine cancelled")
+    assert loop.run(asyncio.sleep(0, "done"), 5, abandon=lambda: False) == "done"
 
 
 def test_run_raises_a_coroutines_own_timeout_as_it_is_not_as_its_wait_past(loop: EventLoopThread) -> None:

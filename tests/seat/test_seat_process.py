@@ -6,6 +6,7 @@ Each test runs `python -m mesh_provisioner` as real processes against a real nat
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import warnings
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -526,3 +528,16 @@ def test_8_a_connection_that_does_not_close_cleanly_leaves_the_other_to_be_close
     monkeypatch.setattr(held.lease_nc, "close", fails)
     held.close()
     assert held.nc.is_closed
+
+
+def test_8_a_seat_closed_twice_closes_once(nats_server: NatsServer) -> None:
+    # `serve` closes the seat it served, and its host may close it too: the second close found the loops stopped and
+    # left a coroutine never awaited (a RuntimeWarning) for each connection.
+    held = Seat(Config(nats=nats_server.url, lease_seconds=LEASE))
+    held.close()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        held.close()
+        gc.collect()  # an un-awaited coroutine is said when it is collected
+    assert [str(w.message) for w in said] == []
+    assert held.nc.is_closed and held.lease_nc.is_closed

@@ -8,6 +8,7 @@ was given (`reconcile --timeout`) ends holding and says why."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import threading
@@ -20,6 +21,7 @@ from helpers import NatsServer, wait_until
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
+from mesh_provisioner.bus.cache import Cache
 from mesh_provisioner.bus.connection import ensure_buckets, open_bucket
 from mesh_provisioner.bus.loader import load_states
 from mesh_provisioner.bus.loop import EventLoopThread
@@ -149,6 +151,50 @@ def test_8_1_a_process_whose_load_makes_no_headway_goes_back_to_waiting_and_hold
         assert said[0].startswith("the seat could not start: the cache's load of mesh-controller.placement")
         assert said[1].startswith("the shards taken were not taken over: the cache's load of mesh-provisioner")
     finally:
+        loop.run(nc.close(), 10)
+
+
+def test_8_1_a_process_reading_the_shards_it_took_stops_as_soon_as_it_is_asked_to(
+    bus: tuple[NatsServer, EventLoopThread], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, loop = bus
+    # Process "a" (its keys alone) holds shards 0 and 1 and leaves once b composes 2 and 3: b takes them over, and
+    # reading their keys again never ends here (at 100,000 nodes it takes minutes). A stop meanwhile (a host's, or
+    # the process's signal) ends holding at once, the read cancelled, not once the read is done.
+    nc, kv = loop.run(a_holds(server, (0, 1)), 30)
+    reading = threading.Event()
+    cancelled: list[bool] = []
+    real = Cache.reload
+
+    async def reload(cache: Cache, states: Iterable[str], widening: bool = False, stall: float | None = None) -> None:
+        if stall is None:  # not the read of shards taken (runtime.py `took`)
+            return await real(cache, states, widening, stall)
+        reading.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    monkeypatch.setattr(Cache, "reload", reload)
+    held = process_b(server)
+    stop = threading.Event()
+    thread = threading.Thread(target=held.serve, args=(stop,), daemon=True)
+    try:
+        thread.start()
+        wait_until(lambda: held.ready() == "", 30, 0.05, "b composes its share")
+        loop.run(kv.delete(member_key("a")), 10)
+        for shard in (0, 1):
+            loop.run(kv.delete(shard_key(shard)), 10)
+        assert reading.wait(30), "b did not take a's shards over"
+        stop.set()
+        thread.join(10)
+        assert not thread.is_alive(), "b went on reading the shards it took after it was asked to stop"
+        assert cancelled == [True]
+    finally:
+        stop.set()
+        thread.join(30)
+        held.close()
         loop.run(nc.close(), 10)
 
 
