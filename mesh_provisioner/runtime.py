@@ -134,6 +134,7 @@ class Runtime:
         holds: Callable[[str], bool] | None = None,
         metrics: Metrics | None = None,
         within: float | None = None,
+        abandon: Callable[[], bool] | None = None,
     ) -> Runtime:
         """Connect (or take the host's connection and loop), fill the cache, and start every actor.
 
@@ -144,7 +145,8 @@ class Runtime:
         partitioned seat's (8.1); None: every node. `holds` says the nodes whose judgments' reads memory keeps
         (rules/kept.py; default: those it composes); a node held and not yet composed is handed over by `took`.
         The cache's first load is waited for as long as it makes headway (`Config.load_stall`), `within` seconds at
-        most when given: TimeoutError past either.
+        most when given: TimeoutError past either; and until `abandon` answers True (the holding ended meanwhile: a
+        stop, a lease lost), `Abandoned` then raised.
         """
         attached = Attachment.open(config, nc=nc, loop=loop)
         thread, nc = attached.loop, attached.nc
@@ -162,7 +164,7 @@ class Runtime:
             thread.run(ensure_config_buckets(nc, config), config_buckets_wait(config))
             thread.run(seat.cache.start(), config.request_timeout)
             # However long a large mesh's load takes while it makes headway: given up only once it makes none.
-            thread.run(seat.cache.wait_loaded(stall=config.load_stall), within)
+            thread.run(seat.cache.wait_loaded(stall=config.load_stall), within, abandon=abandon)
             seat._first_shard()
             for key in not_nodes(seat.view):
                 seat.router.no_node(key)

@@ -229,8 +229,11 @@ class Seat:
             sup = Runtime.start(
                 self.config, nc=self.nc, loop=self.loop.loop, guard=self.lease.guard, unanswered=self.lease.unanswered,
                 owns=shards.owns if shards is not None else None, holds=shards.holds if shards is not None else None,
-                metrics=self.metrics, within=within,
+                metrics=self.metrics, within=within, abandon=lambda: stop.is_set() or keeper.lost.is_set(),
             )
+        except Abandoned:  # a stop, or the lease lost, while the cache's first load went on
+            keeper.stop()
+            return ("" if stop.is_set() else keeper.why), False
         except TimeoutError as err:  # the bus gone quiet as the seat started (its load made no headway, say)
             keeper.stop()
             return f"the seat could not start: {err}", False

@@ -122,11 +122,11 @@ def test_8_1_a_process_whose_load_makes_no_headway_goes_back_to_waiting_and_hold
             raise TimeoutError("the cache's load of mesh-controller.placement made no headway in 60 s")
         return real_start(config, **options)
 
-    def took(runtime: Runtime, *args: Any) -> None:
+    def took(runtime: Runtime, *args: Any, **options: Any) -> None:
         if stalled == ["start"]:  # the first shards taken while running: the bus goes quiet as their keys are read
             stalled.append("took")
             raise TimeoutError("the cache's load of mesh-provisioner.provisions made no headway in 60 s")
-        real_took(runtime, *args)
+        real_took(runtime, *args, **options)
 
     monkeypatch.setattr(Runtime, "start", start)
     monkeypatch.setattr(Runtime, "took", took)
@@ -154,21 +154,21 @@ def test_8_1_a_process_whose_load_makes_no_headway_goes_back_to_waiting_and_hold
         loop.run(nc.close(), 10)
 
 
-def test_8_1_a_process_reading_the_shards_it_took_stops_as_soon_as_it_is_asked_to(
-    bus: tuple[NatsServer, EventLoopThread], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("read", ["its first load", "the shards it took"])
+def test_8_1_a_process_reading_what_it_holds_stops_as_soon_as_it_is_asked_to(
+    bus: tuple[NatsServer, EventLoopThread], monkeypatch: pytest.MonkeyPatch, read: str
 ) -> None:
     server, loop = bus
-    # Process "a" (its keys alone) holds shards 0 and 1 and leaves once b composes 2 and 3: b takes them over, and
-    # reading their keys again never ends here (at 100,000 nodes it takes minutes). A stop meanwhile (a host's, or
-    # the process's signal) ends holding at once, the read cancelled, not once the read is done.
+    # Process "a" (its keys alone) holds shards 0 and 1 and leaves once b composes 2 and 3: b takes them over. Reading
+    # what b holds (its cache's first load, or the keys of the shards it took, runtime.py `took`) never ends here; at
+    # 100,000 nodes it takes minutes. A stop meanwhile (a host's, or the process's signal) ends holding at once, the
+    # read cancelled, not once the read is done.
     nc, kv = loop.run(a_holds(server, (0, 1)), 30)
     reading = threading.Event()
     cancelled: list[bool] = []
-    real = Cache.reload
+    real_start, real_reload = Cache.start, Cache.reload
 
-    async def reload(cache: Cache, states: Iterable[str], widening: bool = False, stall: float | None = None) -> None:
-        if stall is None:  # not the read of shards taken (runtime.py `took`)
-            return await real(cache, states, widening, stall)
+    async def forever() -> None:
         reading.set()
         try:
             await asyncio.Event().wait()
@@ -176,25 +176,36 @@ def test_8_1_a_process_reading_the_shards_it_took_stops_as_soon_as_it_is_asked_t
             cancelled.append(True)
             raise
 
+    async def start(cache: Cache) -> None:
+        await real_start(cache)
+        if read == "its first load":
+            cache.wait_loaded = lambda *_, **__: forever()  # type: ignore[method-assign]
+
+    async def reload(cache: Cache, states: Iterable[str], widening: bool = False, stall: float | None = None) -> None:
+        if stall is None:  # not the read of shards taken
+            return await real_reload(cache, states, widening, stall)
+        await forever()
+
+    monkeypatch.setattr(Cache, "start", start)
     monkeypatch.setattr(Cache, "reload", reload)
     held = process_b(server)
     stop = threading.Event()
     thread = threading.Thread(target=held.serve, args=(stop,), daemon=True)
     try:
         thread.start()
-        wait_until(lambda: held.ready() == "", 30, 0.05, "b composes its share")
-        loop.run(kv.delete(member_key("a")), 10)
-        for shard in (0, 1):
-            loop.run(kv.delete(shard_key(shard)), 10)
-        assert reading.wait(30), "b did not take a's shards over"
+        if read == "the shards it took":
+            wait_until(lambda: held.ready() == "", 30, 0.05, "b composes its share")
+            loop.run(kv.delete(member_key("a")), 10)
+            for shard in (0, 1):
+                loop.run(kv.delete(shard_key(shard)), 10)
+        assert reading.wait(30), f"b did not begin reading {read}"
         stop.set()
         thread.join(10)
-        assert not thread.is_alive(), "b went on reading the shards it took after it was asked to stop"
-        assert cancelled == [True]
+        assert not thread.is_alive(), f"b went on reading {read} after it was asked to stop"
+        assert cancelled, f"reading {read} was not cancelled"
     finally:
         stop.set()
         thread.join(30)
-        held.close()
         loop.run(nc.close(), 10)
 
 
