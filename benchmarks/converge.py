@@ -142,7 +142,7 @@ def cold(
 def run(args: argparse.Namespace) -> dict[str, Any]:
     quick = args.quick
     rate = args.rate or (100.0 if quick else 500.0)
-    seconds = args.seconds or (2.0 if quick else 30.0)
+    seconds = args.seconds or (1.0 if quick else 30.0)
     heavy_modules = args.heavy or (30 if quick else 500)
     baseline_nodes = args.baseline_nodes or (2 if quick else 100)
     out: dict[str, Any] = {"nodes": args.nodes, "seed": args.seed, "quick": quick, "machine": machine(),
@@ -259,6 +259,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         scaled = partitioned.scale_out(url, args.nodes, args.seed, seconds=seconds, probe_seconds=args.probe_seconds
                                        or (1.0 if quick else 10.0), heavy_modules=heavy_modules,
                                        heavy_rate=args.heavy_rate, start_rate=20.0 if quick else 100.0,
+                                       search_steps=1 if quick else 3,
                                        server_pid=server.process.pid if server.process else None,
                                        put_limit=out["kv_put_limit"])
         out["scale_out"] = scaled
@@ -275,7 +276,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=SEED)
     p.add_argument("--quick", action="store_true", help="small and short: a smoke run, not a measurement")
     p.add_argument("--rate", type=float, default=0.0, help="changes a second (default 500; quick 100)")
-    p.add_argument("--seconds", type=float, default=0.0, help="seconds of load (default 30; quick 2)")
+    p.add_argument("--seconds", type=float, default=0.0, help="seconds of load (default 30; quick 1)")
     p.add_argument("--heavy", type=int, default=0, help="modules of the heavy node (default 500; quick 30)")
     p.add_argument("--heavy-rate", type=float, default=50.0, help="changes a second to the heavy node")
     p.add_argument("--cold-only", action="store_true",

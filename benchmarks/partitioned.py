@@ -189,14 +189,14 @@ def saturation(url: str, mesh: Mesh, seats: Seats, seconds: float, seed: int, st
 
 
 def measure(url: str, nodes: int, seed: int, processes: int, *, seconds: float, probe_seconds: float,
-            heavy_modules: int, heavy_rate: float, start_rate: float = 100.0,
+            heavy_modules: int, heavy_rate: float, start_rate: float = 100.0, search_steps: int = 3,
             server_pid: int | None = None, put_limit: float = 0.0) -> dict[str, Any]:
     """Every scale-out figure of one process count; with the server's `put_limit` (puts a second), the p99 a seat
     writing at that rate could not go below at half saturation (`Load.p99_floor`)."""
     mesh = generate(nodes, seed)
     seats, out = cold(url, mesh, processes, server_pid=server_pid)
     try:
-        rate, probes = saturation(url, mesh, seats, probe_seconds, seed, start=start_rate)
+        rate, probes = saturation(url, mesh, seats, probe_seconds, seed, start=start_rate, steps=search_steps)
         out["saturation_changes_per_s"] = rate
         out["saturation_probes"] = probes
         half = rate / 2
