@@ -25,11 +25,13 @@ from nats.aio.client import Client
 from mesh_provisioner import seat as seat_module
 from mesh_provisioner.actors import node as node_actor
 from mesh_provisioner.bus import attachment as attachment_module
+from mesh_provisioner.bus import connection
 from mesh_provisioner.bus.connection import subject_of
 from mesh_provisioner.bus.link import SeatClient
 from mesh_provisioner.bus.store import Applied, Store
 from mesh_provisioner.config import Config
 from mesh_provisioner.messages.writes import Write
+from mesh_provisioner.rules import node as node_rules
 from meshcheck.history import EXPECTED, Intent
 
 _IN_REQUEST: contextvars.ContextVar[bool] = contextvars.ContextVar("in_request", default=False)
@@ -110,15 +112,17 @@ class CasSpy:
 def spied_runtimes(spy: CasSpy) -> Iterator[CasSpy]:
     """Every runtime started in the block on a connection of its own, and every seat (`Seat`, as `serve` runs it),
     has that connection spied on."""
-    real, real_bus = attachment_module.connect_config, seat_module.open_bus  # type: ignore[attr-defined]
+    real, real_bus = connection.connect_config, connection.open_bus
 
-    async def connect_spied(config: Config, client: SeatClient | None = None) -> SeatClient:
-        nc = await real(config, client)
+    async def connect_spied(config: Config, client: SeatClient | None = None, *,
+                            name: str = "mesh-provisioner") -> SeatClient:
+        nc = await real(config, client, name=name)
         spy.wrap(nc)
         return nc
 
-    async def open_spied(config: Config, within: float, said: Callable[[str], None] | None = None) -> Client:
-        return spy.wrap(await real_bus(config, within, said))
+    async def open_spied(config: Config, within: float, said: Callable[[str], None] | None = None, *,
+                         name: str = "mesh-provisioner") -> Client:
+        return spy.wrap(await real_bus(config, within, said, name=name))
 
     async def apply_spied(self: Store, writes: Iterable[Write]) -> Applied:
         applied = await real_apply(self, writes)
@@ -127,13 +131,14 @@ def spied_runtimes(spy: CasSpy) -> Iterator[CasSpy]:
         return applied
 
     real_apply = Store.apply
-    attachment_module.connect_config = connect_spied
+    # Each replaced where it is looked up: in the modules that imported it by name.
+    attachment_module.connect_config = connect_spied  # type: ignore[attr-defined]
     seat_module.open_bus = open_spied  # type: ignore[attr-defined]
     Store.apply = apply_spied  # type: ignore[method-assign]
     try:
         yield spy
     finally:
-        attachment_module.connect_config = real
+        attachment_module.connect_config = real  # type: ignore[attr-defined]
         seat_module.open_bus = real_bus  # type: ignore[attr-defined]
         Store.apply = real_apply  # type: ignore[method-assign]
 
@@ -168,9 +173,9 @@ class ComposeSpy:
 @contextmanager
 def spied_compositions() -> Iterator[ComposeSpy]:
     """Every node actor's compositions counted while the block runs."""
-    spy = ComposeSpy(node_actor.compose_node)
-    node_actor.compose_node = spy
+    spy = ComposeSpy(node_rules.compose_node)
+    node_actor.compose_node = spy  # type: ignore[attr-defined]  # where the node actors look it up
     try:
         yield spy
     finally:
-        node_actor.compose_node = spy.real
+        node_actor.compose_node = spy.real  # type: ignore[attr-defined]

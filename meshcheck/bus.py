@@ -343,7 +343,7 @@ class Bus:
                     msg = await self.js.get_msg(ROUTER_STREAM, seq)
                 except nats.js.errors.NotFoundError:
                     continue
-                if msg.subject.startswith("asks.ask."):
+                if (msg.subject or "").startswith("asks.ask."):
                     msg_id = (msg.headers or {}).get(api.Header.MSG_ID, "")
                     out.append((seq, msg_id, r.decode(r.Ask, msg.data or b"")))
             return out

@@ -192,7 +192,8 @@ def unsettled(sup: Runtime) -> str:
                 how = "was cancelled" if task.cancelled() else f"raised {task.exception()!r}"
                 out.append(f"{state}'s watch ended: it {how}")
                 continue
-            chain, coro = [], task.get_coro() if task is not None else None
+            chain: list[str] = []
+            coro = task.get_coro() if task is not None else None
             while coro is not None and len(chain) < 20:
                 frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
                 if frame is None:
