@@ -10,6 +10,9 @@ leases taken, renewed and rebalanced), and its figures are those of the runtime 
 
 With `--metrics-addr HOST:PORT` it serves the seat's `/metrics` (and `/healthz`, `/readyz`) there, as `serve` does.
 
+With `--breakdown` its figures say where its CPU went: each part the seat's ceiling does not count, and each kind of
+thread (benchmarks/breakdown.py).
+
 Its own process, so that its memory is its own and the load generator and the watch that times it do not share its
 interpreter lock.
 """
@@ -27,7 +30,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mesh_provisioner.collector import Freezer
+from benchmarks.breakdown import Breakdown
+from mesh_provisioner.collector import Freezer, collect_seldom
 from mesh_provisioner.config import Config
 from mesh_provisioner.metrics import HttpEndpoint
 from mesh_provisioner.runtime import Runtime
@@ -53,10 +57,11 @@ def peak_rss() -> int:
     raise RuntimeError("/proc/self/status has no VmHWM")
 
 
-def figures(sup: Runtime, seconds: float, settled: bool) -> dict[str, Any]:
-    """What one measurement says."""
+def figures(sup: Runtime, seconds: float, settled: bool, parts: Breakdown | None = None) -> dict[str, Any]:
+    """What one measurement says; with `parts`, where the CPU went so far."""
     counts = sup.store.counts()
     return {
+        **(parts.figures() if parts is not None else {}),
         "settled": settled,
         "seconds": seconds,
         "writes": counts["writes"],
@@ -87,7 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metrics-addr", default="", help="serve the seat's /metrics on this HOST:PORT")
     p.add_argument("--switch-interval", type=float, default=0.0,
                    help="the interpreter's thread switch interval in seconds (0: Python's own, 5 ms)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="count the CPU of the seat's parts (benchmarks/breakdown.py), in each line's figures")
     args = p.parse_args(argv)
+    parts = Breakdown() if args.breakdown else None
+    if parts is not None:
+        parts.install()
     if args.switch_interval > 0:
         sys.setswitchinterval(args.switch_interval)
     config = Config(nats=args.url, max_parallel=args.max_parallel, request_timeout=60.0,
@@ -99,22 +109,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.shards:
         sup, stop = held(config)  # the seat serves its metrics itself, as `serve` does
     else:
+        collect_seldom()  # as a seat process does (`Seat`)
         sup, stop = Runtime.start(config), None
         threading.Thread(target=freezing, args=(sup,), daemon=True).start()
         if args.metrics_addr:
             http = HttpEndpoint(args.metrics_addr, sup.metrics.registry, healthy=lambda: "", ready=lambda: "")
     settled = sup.wait_settled(args.timeout)
-    out = figures(sup, time.perf_counter() - start, settled)
+    out = figures(sup, time.perf_counter() - start, settled, parts)
     print(json.dumps({**base, **out}), flush=True)
     for line in sys.stdin:
         command = line.strip()
         if command == "settle":
             start = time.perf_counter()
             settled = sup.wait_settled(args.timeout)
-            print(json.dumps(figures(sup, time.perf_counter() - start, settled)), flush=True)
+            print(json.dumps(figures(sup, time.perf_counter() - start, settled, parts)), flush=True)
         elif command == "stop":
             break
-    out = figures(sup, 0.0, True)
+    out = figures(sup, 0.0, True, parts)
     if stop is not None:
         stop()
     else:

@@ -1,14 +1,22 @@
-"""Keeping the interpreter's full collections short: what the seat holds once settled is frozen out of them.
+"""Keeping the interpreter's collections few and short: young ones come seldom, and what the seat holds once settled
+is frozen out of full ones.
+
+Python collects its youngest generation every 700 objects allocated (net of those freed), and each tenth of those
+the next, and so on: on a seat's first start, with hundreds of thousands of records, read sets and index entries made
+in seconds, that is some 1,600 young collections and ten full ones, about a second of a 9-second cold start of 1,000
+nodes (docs/BENCHMARKS.md, change 41). Nearly all of what the seat makes lives as long as the seat, or is freed by
+its count of references; a collection finds almost no cycle to free. The seat process has young collections come
+every `YOUNG` objects instead (`collect_seldom`), which leaves some 35 young collections and one full one.
 
 A full collection (generation 2) walks every object the interpreter tracks, with every thread stopped. With a mesh of
 1,000 nodes in memory that is 0.2 to 1 s, during which no change is written (docs/BENCHMARKS.md, "What was slow").
 Most of those objects live as long as the seat: the cache's records, the actors, the indices. `gc.freeze` moves every
 object tracked now out of the collector's sight, so that later full collections walk only what came since.
 
-The seat process does it once its first load has settled, and again when it is quiet and the last freeze is
+The seat process freezes once its first load has settled, and again when it is quiet and the last freeze is
 `EVERY` old, so that what was replaced since is frozen too; before each freeze, a collection frees the cyclic garbage
-there is (a frozen cycle would never be freed). A host that runs the seat in its own process decides for itself:
-freezing is for the whole interpreter.
+there is (a frozen cycle would never be freed). A host that runs the seat in its own process decides both for
+itself: they are for the whole interpreter.
 """
 
 from __future__ import annotations
@@ -22,6 +30,15 @@ from typing import Final
 log = logging.getLogger("mesh_provisioner.collector")
 
 EVERY: Final = 600.0
+YOUNG: Final = 20_000  # objects allocated between two young collections (Python's default: 700)
+
+
+def collect_seldom(young: int = YOUNG) -> None:
+    """Have the interpreter's young collections come every `young` objects allocated at least (the older
+    generations' thresholds as they are); for the whole interpreter: a seat process's decision, not a host's."""
+    first, *older = gc.get_threshold()
+    if first < young:
+        gc.set_threshold(young, *older)
 
 
 class Freezer:

@@ -30,7 +30,7 @@ from mesh_provisioner.bus.lease import SeatLease
 from mesh_provisioner.bus.loop import Abandoned, EventLoopThread
 from mesh_provisioner.bus.shards import ShardLeases
 from mesh_provisioner.bus.verb import serve_verb
-from mesh_provisioner.collector import Freezer
+from mesh_provisioner.collector import Freezer, collect_seldom
 from mesh_provisioner.config import Config
 from mesh_provisioner.metrics import HttpEndpoint, Metrics
 from mesh_provisioner.rules.shards import in_shards
@@ -108,6 +108,7 @@ class Seat:
         (math.inf: until it connects or a signal's handler interrupts; None: three request timeouts)."""
         self.config = config
         self.freezer = Freezer()
+        collect_seldom()  # the process's collector, as the freezer (collector.py)
         self.supervisor: Runtime | None = None
         self.on_hold = on_hold or (lambda _: None)
         self.metrics = Metrics()

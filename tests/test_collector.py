@@ -8,14 +8,37 @@ from collections.abc import Iterator
 
 import pytest
 
-from mesh_provisioner.collector import Freezer
+from mesh_provisioner.collector import YOUNG, Freezer, collect_seldom
 
 
 @pytest.fixture(autouse=True)
 def unfrozen() -> Iterator[None]:
+    thresholds = gc.get_threshold()
     gc.unfreeze()
     yield
     gc.unfreeze()
+    gc.set_threshold(*thresholds)
+
+
+def test_young_collections_come_every_young_objects_and_no_more_often() -> None:
+    gc.set_threshold(700, 10, 10)
+    collect_seldom()
+    assert gc.get_threshold() == (YOUNG, 10, 10)
+    young = 0
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        nonlocal young
+        young += phase == "start" and info["generation"] == 0
+
+    gc.callbacks.append(count)
+    try:
+        held = [[] for _ in range(5 * YOUNG)]  # tracked objects that live on
+    finally:
+        gc.callbacks.remove(count)
+    assert len(held) == 5 * YOUNG and young <= 6, f"{young} young collections for {5 * YOUNG} objects"
+    gc.set_threshold(10 * YOUNG, 10, 10)
+    collect_seldom()
+    assert gc.get_threshold()[0] == 10 * YOUNG, "a host's own, rarer, collections are left as they are"
 
 
 def test_the_freezer_freezes_only_when_quiet_and_then_no_more_often_than_its_period() -> None:
