@@ -374,17 +374,27 @@ def _depended_first(keys: Iterable[str], needed: dict[str, r.Provision]) -> list
     out: list[str] = []
     placed: set[str] = set()
 
-    def place(key: str) -> None:
-        placed.add(key)
+    def deps(key: str) -> Iterator[str]:
         p = needed.get(key)
-        for dep in p.depends_on if p is not None else ():
-            if dep in inside and dep not in placed:
-                place(dep)
-        out.append(key)
+        return iter(p.depends_on if p is not None else ())
 
-    for key in among:
-        if key not in placed:
-            place(key)
+    # Depth first, each key after its dependencies, with a stack of its own: a nested function calling itself is a
+    # reference cycle, left for the collector to free at each composition.
+    for root in among:
+        if root in placed:
+            continue
+        placed.add(root)
+        stack = [(root, deps(root))]
+        while stack:
+            key, left = stack[-1]
+            for dep in left:
+                if dep in inside and dep not in placed:
+                    placed.add(dep)
+                    stack.append((dep, deps(dep)))
+                    break
+            else:
+                stack.pop()
+                out.append(key)
     return out
 
 
