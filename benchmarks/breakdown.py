@@ -41,15 +41,16 @@ PARTS: tuple[tuple[Any, str, str], ...] = (
 class Breakdown:
     """The CPU seconds and calls of each part so far, summed over threads."""
 
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {part: 0.0 for _, _, part in PARTS}
-        self.calls: dict[str, int] = {part: 0 for _, _, part in PARTS}
+    def __init__(self, parts: tuple[tuple[Any, str, str], ...] = PARTS) -> None:
+        self.parts = parts
+        self.seconds: dict[str, float] = {part: 0.0 for _, _, part in parts}
+        self.calls: dict[str, int] = {part: 0 for _, _, part in parts}
         self._lock = threading.Lock()
         self._local = threading.local()
 
     def install(self) -> None:
         """Count every part from now on, for the life of the process."""
-        for owner, name, part in PARTS:
+        for owner, name, part in self.parts:
             setattr(owner, name, self._counted(getattr(owner, name), part))
 
     def _counted(self, real: Callable[..., Any], part: str) -> Callable[..., Any]:
@@ -76,7 +77,7 @@ class Breakdown:
     def figures(self) -> dict[str, Any]:
         """Each part's CPU seconds and calls, and each kind of thread's CPU seconds (Linux: schedstat)."""
         parts = {part: {"cpu_seconds": round(self.seconds[part], 3), "calls": self.calls[part]}
-                 for _, _, part in PARTS}
+                 for _, _, part in self.parts}
         return {"cpu_by_part": parts, "cpu_by_thread": cpu_by_thread()}
 
 

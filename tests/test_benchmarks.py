@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from helpers import wait_until
 
+from benchmarks.breakdown import Breakdown
 from benchmarks.steady import Load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,3 +135,31 @@ def test_the_p99_floor_writes_each_change_alone_at_the_put_limit() -> None:
     load = Load(fan_outs=[100, *[1] * 10])
     assert load.p99_floor(1000.0) == pytest.approx(99.0)
     assert Load(fan_outs=[1, 1]).p99_floor(500.0) == pytest.approx(2.0)
+
+
+def test_the_breakdown_counts_each_parts_own_cpu_less_the_parts_within_it() -> None:
+    def spin(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    class Seat:
+        @staticmethod
+        def outer() -> None:
+            spin(0.05)
+            Seat.inner()
+
+        @staticmethod
+        def inner() -> None:
+            spin(0.1)
+
+    parts = Breakdown(((Seat, "outer", "outer"), (Seat, "inner", "inner")))
+    parts.install()
+    Seat.outer()
+    Seat.inner()
+    figures = parts.figures()
+    by_part = figures["cpu_by_part"]
+    assert by_part["inner"]["calls"] == 2 and by_part["outer"]["calls"] == 1
+    assert 0.2 <= by_part["inner"]["cpu_seconds"] < 0.3
+    assert 0.05 <= by_part["outer"]["cpu_seconds"] < 0.1, "the inner part's CPU was counted as the outer's too"
+    assert set(figures["cpu_by_thread"]) == {"bus loop", "main", "others"} and figures["cpu_by_thread"]["main"] >= 0.35
