@@ -25,13 +25,11 @@ from nats.aio.client import Client
 from mesh_provisioner import seat as seat_module
 from mesh_provisioner.actors import node as node_actor
 from mesh_provisioner.bus import attachment as attachment_module
-from mesh_provisioner.bus import connection
 from mesh_provisioner.bus.connection import subject_of
 from mesh_provisioner.bus.link import SeatClient
 from mesh_provisioner.bus.store import Applied, Store
 from mesh_provisioner.config import Config
 from mesh_provisioner.messages.writes import Write
-from mesh_provisioner.rules import node as node_rules
 from meshcheck.history import EXPECTED, Intent
 
 _IN_REQUEST: contextvars.ContextVar[bool] = contextvars.ContextVar("in_request", default=False)
@@ -111,18 +109,19 @@ class CasSpy:
 @contextmanager
 def spied_runtimes(spy: CasSpy) -> Iterator[CasSpy]:
     """Every runtime started in the block on a connection of its own, and every seat (`Seat`, as `serve` runs it),
-    has that connection spied on."""
-    real, real_bus = connection.connect_config, connection.open_bus
+    has that connection spied on. Blocks nest: what is in place when one begins (another block's spy) is what its
+    spy calls, and what it puts back."""
+    # Each replaced where it is looked up: in the modules that imported it by name.
+    real, real_bus = attachment_module.connect_config, seat_module.open_bus  # type: ignore[attr-defined]
 
-    async def connect_spied(config: Config, client: SeatClient | None = None, *,
-                            name: str = "mesh-provisioner") -> SeatClient:
-        nc = await real(config, client, name=name)
+    async def connect_spied(config: Config, client: SeatClient | None = None, **options: Any) -> SeatClient:
+        nc = await real(config, client, **options)
         spy.wrap(nc)
         return nc
 
-    async def open_spied(config: Config, within: float, said: Callable[[str], None] | None = None, *,
-                         name: str = "mesh-provisioner") -> Client:
-        return spy.wrap(await real_bus(config, within, said, name=name))
+    async def open_spied(config: Config, within: float, said: Callable[[str], None] | None = None,
+                         **options: Any) -> Client:
+        return spy.wrap(await real_bus(config, within, said, **options))
 
     async def apply_spied(self: Store, writes: Iterable[Write]) -> Applied:
         applied = await real_apply(self, writes)
@@ -131,7 +130,6 @@ def spied_runtimes(spy: CasSpy) -> Iterator[CasSpy]:
         return applied
 
     real_apply = Store.apply
-    # Each replaced where it is looked up: in the modules that imported it by name.
     attachment_module.connect_config = connect_spied  # type: ignore[attr-defined]
     seat_module.open_bus = open_spied  # type: ignore[attr-defined]
     Store.apply = apply_spied  # type: ignore[method-assign]
@@ -172,9 +170,9 @@ class ComposeSpy:
 
 @contextmanager
 def spied_compositions() -> Iterator[ComposeSpy]:
-    """Every node actor's compositions counted while the block runs."""
-    spy = ComposeSpy(node_rules.compose_node)
-    node_actor.compose_node = spy  # type: ignore[attr-defined]  # where the node actors look it up
+    """Every node actor's compositions counted while the block runs (what is in place when it begins, counted)."""
+    spy = ComposeSpy(node_actor.compose_node)  # type: ignore[attr-defined]  # where the node actors look it up
+    node_actor.compose_node = spy  # type: ignore[attr-defined]
     try:
         yield spy
     finally:
