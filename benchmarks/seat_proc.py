@@ -106,10 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     base = {"rss_before_bytes": rss_now()}
     start = time.perf_counter()
     http: HttpEndpoint | None = None
+    collect_seldom()  # as the seat's own process does (cli `main`)
     if args.shards:
         sup, stop = held(config)  # the seat serves its metrics itself, as `serve` does
     else:
-        collect_seldom()  # as a seat process does (`Seat`)
         sup, stop = Runtime.start(config), None
         threading.Thread(target=freezing, args=(sup,), daemon=True).start()
         if args.metrics_addr:

@@ -193,7 +193,7 @@ class Runtime:
         return self._kept is None or state not in self._by_node or (bool(node) and owns is not None and owns(node))
 
     def took(
-        self, nodes: Callable[[str], bool], ready: Callable[[], None] = lambda: None,
+        self, nodes: Callable[[str], bool], ready: Callable[[], None] = lambda: None, *,
         abandon: Callable[[], bool] | None = None,
     ) -> None:
         """Shards were taken (contract 8.1): what is kept of their nodes is read again (what came before they were

@@ -30,7 +30,7 @@ from mesh_provisioner.bus.lease import SeatLease
 from mesh_provisioner.bus.loop import Abandoned, EventLoopThread
 from mesh_provisioner.bus.shards import ShardLeases
 from mesh_provisioner.bus.verb import serve_verb
-from mesh_provisioner.collector import Freezer, collect_seldom
+from mesh_provisioner.collector import Freezer
 from mesh_provisioner.config import Config
 from mesh_provisioner.metrics import HttpEndpoint, Metrics
 from mesh_provisioner.rules.shards import in_shards
@@ -100,15 +100,14 @@ class LeaseKeeper:
 class Seat:
     """One seat process: a connection, its lease, and a supervisor while the lease is held."""
 
-    _closed = False  # `close` was called: a start cut short closes what it made, before `__init__` could say so
-
     def __init__(self, config: Config, *, on_hold: Callable[[Runtime | None], None] | None = None,
                  connect_within: float | None = None) -> None:
         """Serve metrics and health (when configured), then connect: for `connect_within` seconds at most
         (math.inf: until it connects or a signal's handler interrupts; None: three request timeouts)."""
+        self._closing = threading.Lock()
+        self._closed = False  # `close` is done
         self.config = config
         self.freezer = Freezer()
-        collect_seldom()  # the process's collector, as the freezer (collector.py)
         self.supervisor: Runtime | None = None
         self.on_hold = on_hold or (lambda _: None)
         self.metrics = Metrics()
@@ -323,10 +322,14 @@ class Seat:
 
     def close(self) -> None:
         """Give the lease back, close the connection, stop serving metrics; once (`serve` closes the seat it served,
-        and its host may too)."""
-        if self._closed:
-            return
-        self._closed = True
+        and its host may too): a close asked while another is under way returns once that one is done, and one cut
+        short (a signal's Interrupted) is finished by the next."""
+        with self._closing:
+            if not self._closed:
+                self._close()
+                self._closed = True
+
+    def _close(self) -> None:
         if self.http is not None:
             self.http.stop()
             self.http = None

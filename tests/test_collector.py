@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from mesh_provisioner import cli
 from mesh_provisioner.collector import YOUNG, Freezer, collect_seldom
 
 
@@ -63,3 +64,10 @@ def test_the_freezer_frees_cyclic_garbage_before_it_freezes() -> None:
     del a, b
     Freezer(every=0).tick(lambda: True)
     assert watched() is None
+
+
+def test_the_seats_process_has_young_collections_come_seldom(capsys: pytest.CaptureFixture[str]) -> None:
+    # The process's decision (`mesh-provisioner`'s main), not the seat's: a host embedding the seat keeps its own.
+    gc.set_threshold(700, 10, 10)
+    assert cli.main(["--version"]) == 0
+    assert gc.get_threshold() == (YOUNG, 10, 10)

@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -23,8 +21,8 @@ def test_the_package_ships_py_typed() -> None:
     assert (ROOT / "mesh_provisioner" / "py.typed").is_file()
 
 
-@pytest.mark.parametrize("paths", [("mesh_provisioner",), ("faults", "meshcheck")], ids=["package", "fault runner"])
-def test_mypy_strict_finds_nothing(tmp_path: Path, paths: tuple[str, ...]) -> None:
-    command = [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path), *paths]
+def test_mypy_strict_finds_nothing_in_the_package_and_the_fault_runner(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path), "mesh_provisioner", "faults",
+               "meshcheck"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "Success" in done.stdout, done.stdout + done.stderr

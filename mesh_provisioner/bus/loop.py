@@ -21,7 +21,7 @@ log = logging.getLogger("mesh_provisioner.bus.loop")
 
 T = TypeVar("T")
 
-# The longest a wait of `EventLoopThread.run` goes without looking for a signal (`_acquired`), and a stopped loop
+# The longest a wait of `EventLoopThread.run` goes without looking for a signal (`_waited`), and a stopped loop
 # between two looks at the tasks it still runs.
 SLICE: Final = 0.05
 # A stopped loop's tasks: how long they have to end once cancelled, and how many slices in all it waits for them
@@ -99,8 +99,8 @@ class EventLoopThread:
 
         Past the timeout the coroutine is cancelled and TimeoutError is raised, naming it. `abandon` is asked every
         `SLICE` of the wait: once it answers True, the coroutine is cancelled and `Abandoned` raised (a long read
-        whose result nobody waits for any more). Called on the loop's own thread this would wait for itself forever,
-        so it raises RuntimeError instead.
+        whose result nobody waits for any more), even when the timeout passed in the same slice. Called on the loop's
+        own thread this would wait for itself forever, so it raises RuntimeError instead.
         """
         if self.in_loop():
             coro.close()
@@ -112,16 +112,20 @@ class EventLoopThread:
         ended.acquire()
         future: concurrent.futures.Future[T] | None = None
         try:
-            future = self.submit(coro)
+            try:
+                future = self.submit(coro)
+            except BaseException:
+                coro.close()  # a loop closed meanwhile never runs it: not left to be said never awaited
+                raise
             future.add_done_callback(lambda _: ended.release())
-            finished = _acquired(ended, timeout, abandon)
+            why = _waited(ended, timeout, abandon)
         except BaseException:
             # The wait itself was interrupted (a signal's handler raised, Ctrl-C): what it waited for stops too.
             if future is not None:
                 future.cancel()
             raise
-        if not finished and future.cancel():  # not cancelled: it ended just now
-            if abandon is not None and abandon():
+        if why and future.cancel():  # not cancelled: it ended just now
+            if why == ABANDONED:
                 raise Abandoned(f"{name} was abandoned on the bus loop and cancelled")
             raise TimeoutError(f"{name} did not finish within {timeout} s on the bus loop; it was cancelled")
         return future.result()
@@ -172,14 +176,21 @@ class EventLoopThread:
             log.debug("the bus loop is closed")
 
 
-def _acquired(lock: threading.Lock, timeout: float | None, abandon: Callable[[], bool] | None = None) -> bool:
-    """Acquire `lock` within `timeout` seconds (None: however long it takes) unless `abandon` answers True first, in
-    waits of `SLICE` at most: a lock's wait does not look for a signal that came just before it began, and one that
-    comes in a slice's end is handled there (cli/process.py `Signals`)."""
+ABANDONED: Final = "abandoned"
+TIMED_OUT: Final = "timed out"
+
+
+def _waited(lock: threading.Lock, timeout: float | None, abandon: Callable[[], bool] | None = None) -> str:
+    """Acquire `lock` within `timeout` seconds (None: however long it takes) unless `abandon` answers True first;
+    answers "" once acquired, else `ABANDONED` or `TIMED_OUT`. In waits of `SLICE` at most: a lock's wait does not
+    look for a signal that came just before it began, and one that comes in a slice's end is handled there
+    (cli/process.py `Signals`)."""
     deadline = math.inf if timeout is None else time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
         if lock.acquire(timeout=max(0.0, min(left, SLICE))):
-            return True
-        if left <= SLICE or (abandon is not None and abandon()):
-            return False
+            return ""
+        if abandon is not None and abandon():
+            return ABANDONED
+        if left <= SLICE:
+            return TIMED_OUT

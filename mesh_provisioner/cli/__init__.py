@@ -20,6 +20,7 @@ from mesh_provisioner.bus.connection import NotConnected
 from mesh_provisioner.cli import commands
 from mesh_provisioner.cli.options import PROG, Refused, parser, settings
 from mesh_provisioner.cli.process import Interrupted, Signals, configure_logging
+from mesh_provisioner.collector import collect_seldom
 from mesh_provisioner.config import Config
 
 log = logging.getLogger("mesh_provisioner.cli")
@@ -27,6 +28,7 @@ log = logging.getLogger("mesh_provisioner.cli")
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; the process's exit code (2: a setting refused, or the seat held by another process)."""
+    collect_seldom()  # the process's collector: a host embedding the seat decides its own (collector.py)
     try:
         args = parser().parse_args(argv)
     except SystemExit as done:  # --help, --version, or a command line argparse refused (said on stderr)

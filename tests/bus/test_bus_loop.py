@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
+import warnings
 
 import pytest
 from helpers import wait_until
@@ -175,3 +177,18 @@ def test_a_loop_interrupted_as_it_starts_stops_its_thread(monkeypatch: pytest.Mo
     monkeypatch.undo()
     assert made and made[0].is_set(), "the loop never ran"
     assert not [t.name for t in set(threading.enumerate()) - before if t.name == "cut-short"]
+
+
+def test_run_on_a_stopped_loop_raises_and_leaves_no_coroutine_never_awaited() -> None:
+    stopped = EventLoopThread("test-stopped")
+    stopped.stop()
+
+    async def later() -> None:
+        return None
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError):
+            stopped.run(later(), 1)
+        gc.collect()  # an un-awaited coroutine is said when it is collected
+    assert [str(w.message) for w in said if issubclass(w.category, RuntimeWarning)] == []
