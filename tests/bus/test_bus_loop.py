@@ -22,35 +22,28 @@ def test_run_answers_the_result_on_the_loop_thread(loop: EventLoopThread) -> Non
     assert loop.submit(where()).result(5) == "test-bus"
 
 
+async def waits_for_ever(cancelled: threading.Event) -> None:
+    """Waits until it is cancelled, which sets `cancelled`."""
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        cancelled.set()
+        raise
+
+
 def test_run_past_its_timeout_cancels_and_raises_timeout_error(loop: EventLoopThread) -> None:
     cancelled = threading.Event()
-
-    async def forever() -> None:
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
     with pytest.raises(TimeoutError, match=r"did not finish within 0\.05 s"):
-        loop.run(forever(), 0.05)
+        loop.run(waits_for_ever(cancelled), 0.05)
     wait_until(cancelled.is_set, 5, what="the timed-out coroutine cancelled")
 
 
 def test_run_abandoned_while_it_waits_cancels_and_raises_abandoned(loop: EventLoopThread) -> None:
     cancelled = threading.Event()
     ended = threading.Event()  # what the wait was for (a seat's holding) ended
-
-    async def forever() -> None:
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
     threading.Timer(0.2, ended.set).start()
-    with pytest.raises(Abandoned, match="forever was abandoned"):
-        loop.run(forever(), None, abandon=ended.is_set)
+    with pytest.raises(Abandoned, match="waits_for_ever was abandoned"):
+        loop.run(waits_for_ever(cancelled), None, abandon=ended.is_set)
     wait_until(cancelled.is_set, 5, what="the abandoned coroutine cancelled")
     assert loop.run(asyncio.sleep(0, "done"), 5, abandon=lambda: False) == "done"
 
