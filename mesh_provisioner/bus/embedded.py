@@ -30,6 +30,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Final
 
 log = logging.getLogger("mesh_provisioner.bus.embedded")
 
@@ -41,6 +42,10 @@ class NoServer(RuntimeError):
 SERVER_ENV = "MESH_PROVISIONER_NATS_SERVER"
 STORE_PREFIX = "mesh-provisioner-nats-"  # a temporary store's directory, in the system's temporary directory
 OWNER = ".owner"  # the file in it whose lock its owner holds while it lives
+LOG = "nats-server.log"  # the server's output, in its store: made before the server starts
+# A store with no owner and no log, untouched this long, was abandoned before its owner's lock was taken, or made again
+# by a server started as its owner's start was cut short and removed at the owner's exit, before the server died.
+ABANDONED_AFTER: Final = 60.0
 
 
 def server_binary() -> str:
@@ -172,11 +177,16 @@ class TemporaryStore:
 
     @staticmethod
     def sweep(root: Path) -> None:
-        """Remove the stores in `root` whose owner is gone."""
+        """Remove the stores in `root` whose owner is gone, and this user's that never had one (`ABANDONED_AFTER`)."""
         for path in root.glob(STORE_PREFIX + "*"):
             try:
                 fd = os.open(path / OWNER, os.O_RDWR)
-            except OSError:  # another user's, one made before stores had owners, or one being removed
+            except FileNotFoundError:  # being made or removed, abandoned, or made before stores had owners
+                if _abandoned(path):
+                    log.info("removing %s: a store that no process owns", path)
+                    shutil.rmtree(path, ignore_errors=True)
+                continue
+            except OSError:  # another user's
                 continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -198,6 +208,18 @@ class TemporaryStore:
         os.close(fd)
 
 
+def _abandoned(path: Path) -> bool:
+    """Whether a store without an owner is this user's, has no server's log (a store made before stores had owners
+    has one while its server lives), and has not changed for `ABANDONED_AFTER` seconds (one being made has no owner
+    for an instant)."""
+    try:
+        made = path.stat()
+        logged = (path / LOG).exists()
+    except OSError:
+        return False
+    return made.st_uid == os.getuid() and not logged and time.time() - made.st_mtime > ABANDONED_AFTER
+
+
 class EmbeddedServer:
     """One nats-server with JetStream on 127.0.0.1; restartable on the same port and store.
 
@@ -215,7 +237,7 @@ class EmbeddedServer:
         self.config = config
         self.jetstream = jetstream
         self.process: subprocess.Popen[bytes] | None = None
-        self.log_path = self.store / "nats-server.log"
+        self.log_path = self.store / LOG
 
     @property
     def url(self) -> str:

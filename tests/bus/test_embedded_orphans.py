@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,31 @@ def test_a_store_left_by_a_killed_owner_is_removed_by_the_next_one_made(
         for proc in (killed, exits):
             proc.kill()
             proc.wait()
+
+
+def test_a_store_no_process_owns_is_removed_once_a_minute_untouched(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # A server started as its owner's start was cut short (a SIGTERM as it forked) makes its store again after the
+    # owner removed it at exit, then dies with the owner: a store with no owner and no log. So does an owner killed
+    # between making the directory and taking its lock.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    old = time.time() - embedded.ABANDONED_AFTER - 5
+
+    def store(name: str, *files: str, mtime: float = old) -> Path:
+        path = tmp_path / (embedded.STORE_PREFIX + name)
+        (path / "js" / "jetstream").mkdir(parents=True)
+        for f in files:
+            (path / f).write_text("")
+        os.utime(path, (mtime, mtime))
+        return path
+
+    remade = store("remade")
+    half_made = store("half-made", embedded.OWNER + ".new")
+    live_without_owner = store("logging", embedded.LOG)  # a server's store made before stores had owners
+    being_made = store("being-made", mtime=time.time())
+    made = TemporaryStore()
+    try:
+        assert not remade.exists() and not half_made.exists()
+        assert live_without_owner.is_dir() and being_made.is_dir()
+    finally:
+        made.close()
