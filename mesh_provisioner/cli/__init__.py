@@ -37,6 +37,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         config, level, form = settings(args)
         if args.command == "reconcile" and args.json and not args.dry_run:
             raise Refused("reconcile --json goes with --dry-run")
+        if args.command == "demo" and hasattr(args, "nats"):  # the flag given; the environment's is left aside
+            raise Refused("--nats: the demo runs on a nats-server of its own (`load` puts the sample mesh into "
+                          "yours, and `serve` runs on it)")
     except Refused as err:
         sys.stderr.write(f"{PROG}: error: {err}\n")
         return 2

@@ -211,6 +211,7 @@ def test_1_version() -> None:
     (("serve",), {"MESH_PROVISIONER_LOG_FORMAT": "xml"}, "MESH_PROVISIONER_LOG_FORMAT=xml: the log format is"),
     (("reconcile", "--timeout", "0"), {}, "argument --timeout: '0': the time must be more than 0 seconds"),
     (("reconcile", "--json"), {}, "reconcile --json goes with --dry-run"),
+    (("demo",), {}, "--nats: the demo runs on a nats-server of its own"),
     (("--bound-reads", "postgres,a.b", "serve"), {}, "'a.b': a provider is one token"),
 ])
 def test_2_a_wrong_value_is_refused_in_one_line_before_connecting(
