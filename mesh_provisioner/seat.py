@@ -330,6 +330,7 @@ class Seat:
                 self._closed = True
 
     def _close(self) -> None:
+        """`close`'s work, each step on its own: the metrics endpoint, the lease, the connections, their loops."""
         if self.http is not None:
             self.http.stop()
             self.http = None
